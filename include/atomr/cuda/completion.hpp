@@ -1,0 +1,98 @@
+// Completion strategies: how a coroutine learns that GPU work on a stream finished.
+#pragma once
+
+#include <atomr/cuda/error.hpp>
+
+#include <boost/asio/any_completion_handler.hpp>
+#include <boost/asio/async_result.hpp>
+#include <boost/asio/async_result.hpp>
+#include <boost/asio/any_io_executor.hpp>
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string_view>
+
+#include <atomr/cuda/stream.hpp>
+
+namespace atomr::cuda {
+
+namespace asio = boost::asio;
+
+namespace detail {
+class pooled_event;
+}
+
+/// Which mechanism detects completion. See docs/completion.md for the trade-offs.
+enum class strategy : std::uint8_t {
+  event_poll,     ///< record an event, query it from the awaiting executor until done
+  host_fn,        ///< cudaLaunchHostFunc; the callback only posts to the awaiting executor
+  blocking_sync,  ///< cudaEventSynchronize on a device-owned thread, never an io thread
+};
+
+std::string_view to_string(strategy s) noexcept;
+
+/// No deadline.
+inline constexpr std::chrono::nanoseconds no_timeout = std::chrono::nanoseconds::max();
+
+/// A completion strategy with its settings; a plain value, cheap to copy.
+/// A timeout or a cancellation ends only the waiting, never the GPU work.
+struct completion {
+  strategy kind = strategy::event_poll;
+  /// Longest wait; when it passes the wait yields errc::timeout.
+  std::chrono::nanoseconds timeout = no_timeout;
+  /// event_poll: how long to re-check on every turn of the executor before
+  /// backing off to timer-driven checks (bounds CPU use on long kernels).
+  std::chrono::nanoseconds spin = std::chrono::microseconds(200);
+  /// event_poll: the longest pause between checks once backed off.
+  std::chrono::nanoseconds max_backoff = std::chrono::microseconds(500);
+
+  /// Waits until all work enqueued on `s` so far has finished, with this
+  /// strategy. Completion signature void(result<void>); works with any Asio
+  /// completion token. Never blocks the calling thread. Cancellable through
+  /// the handler's cancellation slot (terminal, partial or total): yields
+  /// errc::cancelled. The CUDA call used: cudaEventRecord, then
+  /// cudaEventQuery (event_poll), cudaLaunchHostFunc (host_fn) or
+  /// cudaEventSynchronize on a worker thread (blocking_sync).
+  template <class Token = asio::default_completion_token_t<asio::any_io_executor>>
+  auto async_wait(const stream& s, Token&& token = {}) const;
+};
+
+/// Strategy values with the defaults above; e.g. `host_fn{5ms}`.
+struct event_poll : completion {
+  explicit event_poll(std::chrono::nanoseconds t = no_timeout)
+      : completion{strategy::event_poll, t} {}
+};
+struct host_fn : completion {
+  explicit host_fn(std::chrono::nanoseconds t = no_timeout) : completion{strategy::host_fn, t} {}
+};
+struct blocking_sync : completion {
+  explicit blocking_sync(std::chrono::nanoseconds t = no_timeout)
+      : completion{strategy::blocking_sync, t} {}
+};
+
+namespace detail {
+using wait_handler = asio::any_completion_handler<void(result<void>)>;
+
+/// Starts a wait for `ev` (recorded on `s` already) or, if `ev` is null, for
+/// everything enqueued on `s` so far. Errors are tagged with `library`.
+void start_wait(const stream& s, std::shared_ptr<pooled_event> ev, const completion& how,
+                std::string_view library, wait_handler handler);
+
+template <class Token>
+auto async_wait_event(const stream& s, std::shared_ptr<pooled_event> ev, const completion& how,
+                      std::string_view library, Token&& token) {
+  return asio::async_initiate<Token, void(result<void>)>(
+      [](auto handler, stream s, std::shared_ptr<pooled_event> ev, completion how,
+         std::string_view library) {
+        start_wait(s, std::move(ev), how, library, wait_handler(std::move(handler)));
+      },
+      token, s, std::move(ev), how, library);
+}
+}  // namespace detail
+
+template <class Token> auto completion::async_wait(const stream& s, Token&& token) const {
+  return detail::async_wait_event(s, nullptr, *this, "cuda", std::forward<Token>(token));
+}
+
+}  // namespace atomr::cuda

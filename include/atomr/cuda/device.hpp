@@ -1,0 +1,169 @@
+// device: the stable per-ordinal owner of a GPU's state, created on an Asio executor.
+#pragma once
+
+#include <atomr/cuda/completion.hpp>
+#include <atomr/cuda/element.hpp>
+#include <atomr/cuda/error.hpp>
+#include <atomr/cuda/stream.hpp>
+
+#include <boost/asio/any_completion_handler.hpp>
+#include <boost/asio/any_io_executor.hpp>
+#include <boost/asio/async_result.hpp>
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+
+namespace atomr::cuda {
+
+template <element T> class gpu_ref;
+template <element T> class pinned_buffer;
+
+/// The CUDA libraries a device lets actors use.
+struct library_set {
+  bool cublas = true;
+  bool cudnn = true;
+  bool cufft = true;
+  bool curand = true;
+};
+
+/// Settings fixed when a device is first opened.
+struct device_options {
+  /// The strategy operations use unless told otherwise.
+  completion default_completion = event_poll{};
+  /// How acquire_stream() hands out streams by default.
+  stream_policy streams = stream_policy::pooled;
+  /// Number of streams under stream_policy::pooled.
+  std::size_t stream_pool_size = 4;
+  /// Which libraries actors may use on this device.
+  library_set libraries{};
+  /// Pinned host memory kept cached for reuse by transfers, in bytes.
+  std::size_t pinned_cache_limit = std::size_t{1} << 30;
+};
+
+/// The device's health. Moves only forward: healthy -> poisoned or stopped.
+enum class health_state : std::uint8_t {
+  healthy,      ///< serving
+  poisoned,     ///< a sticky fault hit the context; every call fails with the fault
+  stopped,      ///< stop() was called
+  unavailable,  ///< no usable GPU at this ordinal (see device::status())
+};
+
+std::string_view to_string(health_state h) noexcept;
+
+/// A snapshot of a device's statistics.
+struct device_statistics {
+  std::size_t free_bytes = 0;   ///< cudaMemGetInfo, at the time of the snapshot
+  std::size_t total_bytes = 0;  ///< cudaMemGetInfo
+  std::uint64_t ops_in_flight = 0;
+  std::uint64_t ops_completed = 0;  ///< finished with success
+  std::uint64_t ops_failed = 0;     ///< finished with an error (timeout and cancel included)
+  std::uint64_t faults = 0;         ///< sticky faults seen (0 or 1 per device)
+  std::uint64_t out_of_memory = 0;  ///< out_of_memory errors, from any library
+  std::uint64_t live_buffers = 0;   ///< gpu_ref allocations not yet released
+  std::uint64_t parked = 0;         ///< keep-alives waiting for abandoned GPU work
+  std::uint64_t events_created = 0;
+  std::size_t pinned_cached_bytes = 0;
+  std::uint64_t generation = 0;
+  health_state health = health_state::unavailable;
+};
+
+namespace detail {
+class device_impl;
+struct buffer_state;
+struct pinned_block;
+}  // namespace detail
+
+/// A GPU ordinal with its memory pool, streams, event pool, pinned-buffer
+/// pool and fault state. A copyable handle: copies share one state, and
+/// opening the same ordinal again while a handle lives returns that state
+/// (the first opener's executor and options win).
+///
+/// Thread safety: all members may be called from any thread.
+class device {
+public:
+  using executor_type = asio::any_io_executor;
+
+  /// Opens the ordinal, or fails with device_unavailable (the CUDA message
+  /// included) when there is no usable GPU. Blocks while CUDA initialises
+  /// (first call in the process: tens to hundreds of ms).
+  static result<device> open(const executor_type& ex, int ordinal = 0,
+                             const device_options& options = {});
+
+  /// As open(), but never fails: without a GPU the device is health_state::
+  /// unavailable and every operation on it yields device_unavailable.
+  explicit device(const executor_type& ex, int ordinal = 0, const device_options& options = {});
+
+  explicit device(std::shared_ptr<detail::device_impl> impl) noexcept : impl_(std::move(impl)) {}
+
+  executor_type get_executor() const noexcept;
+  int ordinal() const noexcept;
+  const device_options& options() const noexcept;
+
+  health_state health() const noexcept;
+  /// True while the device takes new work (healthy).
+  bool accepting() const noexcept;
+  /// Bumped by a sticky fault or stop(); refs from older generations are stale.
+  std::uint64_t generation() const noexcept;
+  /// Success while accepting; otherwise the reason (the first fault, stop, or
+  /// the error that made the device unavailable).
+  result<void> status() const;
+  /// The first sticky fault, if any.
+  std::optional<gpu_error> fault() const;
+
+  /// Statistics; calls cudaMemGetInfo (does not wait for the GPU).
+  device_statistics statistics() const;
+
+  /// A stream by the given policy. `owner` names the requester for
+  /// per_actor_shared ("cublas", ...). Fails with device_unavailable when not
+  /// accepting, or with the CUDA error of cudaStreamCreateWithFlags.
+  result<stream> acquire_stream(stream_policy policy, std::string_view owner = {});
+  /// A stream by the device's default policy.
+  result<stream> acquire_stream() { return acquire_stream(options().streams); }
+  /// The device's main stream (the one stream_policy::single hands out). Always
+  /// a handle; work on it fails with the device's status while not accepting.
+  stream main_stream() const;
+
+  /// Allocates `count` elements from the device's stream-ordered pool
+  /// (cudaMallocFromPoolAsync on `on`). The memory is usable at once by work
+  /// on any stream; ordering is tracked per buffer. Does not wait.
+  template <element T> result<gpu_ref<T>> allocate(std::size_t count, const stream& on);
+  template <element T> result<gpu_ref<T>> allocate(std::size_t count);
+
+  /// A pinned host buffer of `count` elements from the device's pool
+  /// (cudaHostAlloc on a miss; this pins pages and can take milliseconds).
+  template <element T> result<pinned_buffer<T>> allocate_pinned(std::size_t count);
+
+  /// Stops the device: generation bump, waits fail with device_unavailable,
+  /// later calls fail at once. Does not wait for the GPU.
+  void stop();
+
+  /// Completes (signature void(health_state)) with the new health the next
+  /// time it changes, or at once if the device is not healthy.
+  template <class Token = asio::default_completion_token_t<asio::any_io_executor>>
+  auto async_wait_health_change(Token&& token = {}) {
+    return asio::async_initiate<Token, void(health_state)>(
+        [](auto handler, std::shared_ptr<detail::device_impl> impl) {
+          add_health_observer(impl, asio::any_completion_handler<void(health_state)>(
+                                        std::move(handler)));
+        },
+        token, impl_);
+  }
+
+  const std::shared_ptr<detail::device_impl>& impl() const noexcept { return impl_; }
+  friend bool operator==(const device& a, const device& b) noexcept { return a.impl_ == b.impl_; }
+
+private:
+  static void add_health_observer(const std::shared_ptr<detail::device_impl>& impl,
+                                  asio::any_completion_handler<void(health_state)> h);
+  result<std::shared_ptr<detail::buffer_state>> allocate_state(std::size_t count, dtype t,
+                                                              const stream& on);
+  result<std::shared_ptr<detail::pinned_block>> allocate_pinned_block(std::size_t bytes);
+
+  std::shared_ptr<detail::device_impl> impl_;
+};
+
+}  // namespace atomr::cuda

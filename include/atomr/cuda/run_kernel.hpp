@@ -1,0 +1,150 @@
+// run_kernel: the one place where GPU work is launched and awaited.
+#pragma once
+
+#include <atomr/cuda/completion.hpp>
+#include <atomr/cuda/device.hpp>
+#include <atomr/cuda/error.hpp>
+#include <atomr/cuda/gpu_ref.hpp>
+#include <atomr/cuda/stream.hpp>
+
+#include <boost/asio/awaitable.hpp>
+#include <boost/asio/use_awaitable.hpp>
+
+#include <memory>
+#include <string_view>
+#include <tuple>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+namespace atomr::cuda {
+
+/// What an enqueue function gets: the stream to launch on, and ordered
+/// access to buffers. read()/write() validate the ref (stale_ref,
+/// wrong device) and make this stream wait on the GPU (cudaStreamWaitEvent,
+/// never the host) for earlier conflicting work on other streams; after the
+/// enqueue the accesses are stamped with one event recorded on this stream.
+/// Not thread-safe: used by one enqueue call.
+class launch {
+public:
+  launch(stream s, std::string_view library) : stream_(std::move(s)), library_(library) {}
+  launch(const launch&) = delete;
+  launch& operator=(const launch&) = delete;
+  ~launch();
+
+  cudaStream_t native_stream() const noexcept { return stream_.native_handle(); }
+  const stream& get_stream() const noexcept { return stream_; }
+  std::string_view library() const noexcept { return library_; }
+
+  /// Device pointer for reading `r` on this stream after its last write.
+  template <element T> result<const T*> read(const gpu_ref<T>& r) {
+    BOOST_OUTCOME_TRY(void* p, access(r.state(), false));
+    return static_cast<const T*>(p) + r.offset();
+  }
+  /// Device pointer for writing `r` on this stream after its earlier reads and writes.
+  template <element T> result<T*> write(const gpu_ref<T>& r) {
+    BOOST_OUTCOME_TRY(void* p, access(r.state(), true));
+    return static_cast<T*>(p) + r.offset();
+  }
+
+  // --- used by run_kernel ---
+  /// Checks the device accepts work and makes it current; counts the op in flight.
+  result<void> begin();
+  /// Records the completion event and stamps every accessed buffer with it.
+  result<std::shared_ptr<detail::pooled_event>> commit();
+  /// Finishes the accounting with `r`; tags an error with the library, counts
+  /// it, probes the context after driver/library failures, poisons on sticky faults.
+  gpu_error fail(gpu_error e);
+  void succeed();
+  /// Hands `keep_alive` to the device until `done` completes.
+  void park(std::shared_ptr<detail::pooled_event> done, std::shared_ptr<void> keep_alive);
+
+private:
+  result<void*> access(const std::shared_ptr<detail::buffer_state>& st, bool write);
+
+  stream stream_;
+  std::string_view library_;
+  bool counted_ = false;
+  std::vector<std::pair<std::shared_ptr<detail::buffer_state>, bool>> touched_;
+};
+
+namespace detail {
+template <class T> struct is_gpu_ref : std::false_type {};
+template <class T> struct is_gpu_ref<gpu_ref<T>> : std::true_type {};
+
+// Outputs that are gpu_refs (alone or in a tuple) are written by the kernel.
+template <class O> result<void> declare_output(launch& l, const O& out) {
+  if constexpr (is_gpu_ref<O>::value) {
+    BOOST_OUTCOME_TRY(l.write(out));
+  } else if constexpr (requires { std::tuple_size<O>::value; }) {
+    result<void> r = outcome::success();
+    std::apply([&](const auto&... xs) { ((r = r ? declare_output(l, xs) : r), ...); }, out);
+    return r;
+  }
+  return outcome::success();
+}
+
+template <class F> auto call_enqueue(F& f, launch& l) {
+  using R = std::invoke_result_t<F&, launch&>;
+  if constexpr (outcome::is_basic_result_v<R>) {
+    return f(l);
+  } else {
+    return result<R>(f(l));
+  }
+}
+}  // namespace detail
+
+/// Validates, enqueues and awaits one GPU operation; yields `output` on success.
+///
+/// `enqueue(launch&)` runs synchronously on the calling thread and returns the
+/// keep-alive (input refs, descriptors, workspace...) or a result of it; a
+/// pre-launch error it returns comes back without any further GPU call. The
+/// keep-alive lives in this coroutine's frame until the work finishes; if
+/// the wait ends early (timeout, cancellation) it is parked with the device
+/// and released only once the GPU is done with it. Errors are tagged with
+/// `library`. gpu_ref outputs are validated and ordered as writes.
+/// Never blocks the calling thread on the GPU.
+template <class O, class Enqueue>
+asio::awaitable<result<O>> run_kernel(std::string_view library, stream s, completion how, O output,
+                                      Enqueue enqueue) {
+  launch l(std::move(s), library);
+  if (auto ok = l.begin(); !ok) co_return l.fail(ok.error());
+  if (auto ok = detail::declare_output(l, output); !ok) co_return l.fail(ok.error());
+  auto keep = detail::call_enqueue(enqueue, l);
+  if (!keep) co_return l.fail(keep.error());
+  auto done = l.commit();
+  if (!done) {
+    // Work may be queued without an event to track it; a failed record means
+    // the context is gone, so nothing else can run.
+    co_return l.fail(done.error());
+  }
+  auto keep_in_frame = std::move(keep).value();
+  result<void> waited = outcome::success();
+  try {
+    waited = co_await detail::async_wait_event(l.get_stream(), done.value(), how, library,
+                                               asio::use_awaitable);
+  } catch (...) {
+    // The coroutine is being torn down (e.g. cancelled before resuming):
+    // the kernel may still run, so its keep-alive must outlive it.
+    l.park(done.value(), std::make_shared<decltype(keep_in_frame)>(std::move(keep_in_frame)));
+    l.fail(make_error(errc::cancelled, "run_kernel: wait abandoned by an exception"));
+    throw;
+  }
+  if (!waited) {
+    if (waited.error() == errc::timeout || waited.error() == errc::cancelled)
+      l.park(done.value(), std::make_shared<decltype(keep_in_frame)>(std::move(keep_in_frame)));
+    co_return l.fail(waited.error());
+  }
+  l.succeed();
+  co_return std::move(output);
+}
+
+/// run_kernel on the stream's device default completion strategy.
+template <class O, class Enqueue>
+asio::awaitable<result<O>> run_kernel(std::string_view library, stream s, O output,
+                                      Enqueue enqueue) {
+  completion how = s ? s.get_device().options().default_completion : completion{};
+  return run_kernel(library, std::move(s), how, std::move(output), std::move(enqueue));
+}
+
+}  // namespace atomr::cuda

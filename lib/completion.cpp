@@ -1,0 +1,290 @@
+// The three completion strategies. Each is one heap object per wait that
+// completes the handler exactly once (first of: GPU done, fault, deadline,
+// cancellation), then releases it on the handler's own executor.
+#include "device_impl.hpp"
+
+#include <atomr/cuda/completion.hpp>
+
+#include <boost/asio/append.hpp>
+#include <boost/asio/associated_cancellation_slot.hpp>
+#include <boost/asio/associated_executor.hpp>
+#include <boost/asio/dispatch.hpp>
+#include <boost/asio/execution/outstanding_work.hpp>
+#include <boost/asio/post.hpp>
+#include <boost/asio/prefer.hpp>
+#include <boost/asio/system_executor.hpp>
+
+#include <optional>
+#include <string>
+
+namespace atomr::cuda {
+
+std::string_view to_string(strategy s) noexcept {
+  switch (s) {
+    case strategy::event_poll:
+      return "event_poll";
+    case strategy::host_fn:
+      return "host_fn";
+    case strategy::blocking_sync:
+      return "blocking_sync";
+  }
+  return "unknown";
+}
+
+namespace detail {
+namespace {
+
+using work_guard = asio::any_completion_executor;
+
+class wait_op : public watched_wait, public std::enable_shared_from_this<wait_op> {
+public:
+  wait_op(std::shared_ptr<device_impl> d, stream s, shared_event ev, const completion& how,
+          std::string_view library, wait_handler h)
+      : dev_(std::move(d)),
+        stream_(std::move(s)),
+        ev_(std::move(ev)),
+        how_(how),
+        library_(library),
+        handler_(std::move(h)),
+        ex_(asio::get_associated_executor(handler_, dev_->executor)),
+        start_(clock::now()) {
+    const auto left = clock::time_point::max() - start_;
+    deadline_ = how.timeout >= left ? clock::time_point::max()
+                                    : start_ + std::chrono::duration_cast<clock::duration>(
+                                                   how.timeout);
+  }
+
+  /// Common start: validation, cancellation hook, the event; then the strategy.
+  void start() {
+    if (auto ok = dev_->check_accepting(); !ok) return (void)finish(ok.error().tagged(library_));
+    if (!stream_ || stream_.state()->owner != dev_.get())
+      return (void)finish(
+          make_error(errc::invalid_argument, "async_wait: the stream is not of this device"));
+    if (auto st = dev_->make_current(); st != cudaSuccess)
+      return (void)finish(fault(st, "cudaSetDevice"));
+    if (!ev_) {
+      auto ev = record_event(*dev_, stream_.native_handle(), library_);
+      if (!ev) return (void)finish(ev.error());
+      ev_ = std::move(ev).value();
+    }
+    auto slot = asio::get_associated_cancellation_slot(handler_);
+    if (slot.is_connected()) {
+      slot.assign([w = weak_from_this()](asio::cancellation_type t) {
+        using ct = asio::cancellation_type;
+        if ((t & (ct::terminal | ct::partial | ct::total)) == ct::none) return;
+        if (auto op = w.lock())
+          op->finish(make_error(errc::cancelled, std::string(op->library_) +
+                                                     ": wait cancelled; the GPU work goes on"));
+      });
+    }
+    launch();
+  }
+
+  clock::time_point deadline() const noexcept override { return deadline_; }
+  bool polls_for_faults() const noexcept override { return false; }
+
+  /// Monitor tick: device failure and deadline. Returns true once finished.
+  bool on_tick(clock::time_point now) override {
+    if (done_.load()) return true;
+    if (auto ok = dev_->check_accepting(); !ok) return finish(ok.error().tagged(library_)), true;
+    if (now >= deadline_) return finish(timeout_error()), true;
+    if (polls_for_faults()) {
+      auto q = cudaEventQuery(ev_->native_handle());
+      if (q != cudaSuccess && q != cudaErrorNotReady) return finish(fault(q, "cudaEventQuery")), true;
+    }
+    return done_.load();
+  }
+
+protected:
+  virtual void launch() = 0;
+  /// Runs on the handler's executor just before the handler (host_fn re-checks there).
+  virtual void before_deliver(result<void>&) {}
+
+  gpu_error fault(cudaError_t st, std::string_view what) {
+    auto e = classify(st, what).tagged(library_);
+    dev_->note_error(e);
+    if (e.code() != errc::context_poisoned) cudaGetLastError();
+    return e;
+  }
+
+  gpu_error timeout_error() const {
+    return make_error(errc::timeout, std::string(library_) + ": wait timed out after " +
+                                         std::to_string(how_.timeout.count()) +
+                                         " ns; the GPU work goes on");
+  }
+
+  /// First caller wins. `inline_ok` only from code already running on the
+  /// handler's executor outside the initiating call (the poll loop).
+  bool finish(result<void> r, bool inline_ok = false) {
+    if (done_.exchange(true)) return false;
+    auto deliver = [self = shared_from_this(), r = std::move(r)]() mutable {
+      self->before_deliver(r);
+      auto slot = asio::get_associated_cancellation_slot(self->handler_);
+      if (slot.is_connected()) slot.clear();
+      auto h = std::move(self->handler_);
+      self->work_.reset();
+      std::move(h)(std::move(r));
+    };
+    // The handler's executor is type-erased (no blocking.never), so a post is
+    // made through the device's executor and the final hop is a dispatch.
+    if (inline_ok)
+      asio::dispatch(ex_, std::move(deliver));
+    else
+      asio::post(dev_->executor, [ex = ex_, deliver = std::move(deliver)]() mutable {
+        asio::dispatch(ex, std::move(deliver));
+      });
+    return true;
+  }
+
+  void keep_work() { work_.emplace(asio::prefer(ex_, asio::execution::outstanding_work.tracked)); }
+
+  std::shared_ptr<device_impl> dev_;
+  stream stream_;
+  shared_event ev_;
+  completion how_;
+  std::string_view library_;
+  wait_handler handler_;
+  asio::any_completion_executor ex_;
+  std::optional<asio::any_completion_executor> work_;
+  clock::time_point start_, deadline_;
+  std::atomic<bool> done_{false};
+};
+
+// ---------------------------------------------------------------- event_poll
+// Re-checks the event on the awaiting executor: every turn while young
+// (spin), then from a timer whose period grows with the wait (a fraction of
+// the time already waited, capped), so a long kernel costs little CPU and
+// the added latency stays a small fraction of the wait.
+class poll_op final : public wait_op {
+public:
+  using wait_op::wait_op;
+
+private:
+  void launch() override {
+    asio::post(dev_->executor, [self = std::static_pointer_cast<poll_op>(shared_from_this())] {
+      self->step();
+    });
+  }
+
+  void step() {
+    if (done_.load(std::memory_order_relaxed)) return;
+    auto q = cudaEventQuery(ev_->native_handle());
+    if (q == cudaSuccess) return (void)finish(outcome::success(), true);
+    if (q != cudaErrorNotReady) return (void)finish(fault(q, "cudaEventQuery"), true);
+    if (auto ok = dev_->check_accepting(); !ok) return (void)finish(ok.error().tagged(library_), true);
+    const auto now = clock::now();
+    if (now >= deadline_) return (void)finish(timeout_error(), true);
+    auto self = std::static_pointer_cast<poll_op>(shared_from_this());
+    const auto waited = now - start_;
+    if (waited < how_.spin) {
+      asio::post(dev_->executor, [self] { self->step(); });
+      return;
+    }
+    auto pause = std::clamp<clock::duration>(waited / 32, std::chrono::microseconds(10),
+                                             how_.max_backoff);
+    pause = std::min<clock::duration>(pause, deadline_ - now);
+    if (!timer_) timer_.emplace(dev_->executor);
+    timer_->expires_after(pause);
+    timer_->async_wait([self](boost::system::error_code) { self->step(); });
+  }
+
+  std::optional<asio::steady_timer> timer_;
+};
+
+// ---------------------------------------------------------------- host_fn
+// cudaLaunchHostFunc: the callback (a CUDA thread, where no CUDA call is
+// allowed) only hands its reference to the handler's executor. Host
+// functions get no error status, so the event is re-checked before the
+// handler runs, and the monitor polls the event for faults in case the
+// callback never runs.
+class host_fn_op final : public wait_op {
+public:
+  using wait_op::wait_op;
+  bool polls_for_faults() const noexcept override { return true; }
+
+private:
+  void launch() override {
+    keep_work();
+    auto* ref = new std::shared_ptr<wait_op>(shared_from_this());
+    if (auto st = cudaLaunchHostFunc(stream_.native_handle(), &callback, ref); st != cudaSuccess) {
+      delete ref;
+      finish(fault(st, "cudaLaunchHostFunc"));
+      return;
+    }
+    dev_->watch(shared_from_this());
+  }
+
+  static void callback(void* p) {
+    std::shared_ptr<wait_op> self = std::move(*static_cast<std::shared_ptr<wait_op>*>(p));
+    delete static_cast<std::shared_ptr<wait_op>*>(p);
+    auto* op = static_cast<host_fn_op*>(self.get());
+    if (!op->finish(outcome::success())) {
+      // Already finished (timeout, cancel): drop our reference off this
+      // CUDA thread, since the last release may call into CUDA.
+      auto ex = op->dev_->executor;
+      asio::post(ex, [self = std::move(self)] {});
+    }
+  }
+
+  void before_deliver(result<void>& r) override {
+    if (!r) return;
+    auto q = cudaEventQuery(ev_->native_handle());
+    if (q != cudaSuccess && q != cudaErrorNotReady) r = fault(q, "cudaEventQuery (after host function)");
+    else if (auto ok = dev_->check_accepting(); !ok) r = ok.error().tagged(library_);
+  }
+};
+
+// ---------------------------------------------------------------- blocking_sync
+// cudaEventSynchronize on the device's worker thread (blocking-sync events:
+// it sleeps, not spins); the worker posts the result to the handler's executor.
+class blocking_op final : public wait_op {
+public:
+  using wait_op::wait_op;
+
+private:
+  void launch() override {
+    keep_work();
+    dev_->submit_blocking({ev_, [self = shared_from_this()](cudaError_t st) {
+                             auto* op = static_cast<blocking_op*>(self.get());
+                             if (st == cudaSuccess)
+                               op->finish(outcome::success());
+                             else
+                               op->finish(op->fault(st, "cudaEventSynchronize"));
+                           }});
+    dev_->watch(shared_from_this());
+  }
+};
+
+}  // namespace
+
+void start_wait(const stream& s, std::shared_ptr<pooled_event> ev, const completion& how,
+                std::string_view library, wait_handler handler) {
+  std::shared_ptr<device_impl> dev = s ? s.state()->owner->shared_from_this() : nullptr;
+  if (!dev) {
+    // No device, so no io executor to post through: hop via the system
+    // executor, then dispatch to the handler's own executor (a rare misuse path).
+    result<void> r = make_error(errc::invalid_argument, "async_wait: empty stream");
+    asio::post(asio::system_executor(), [h = std::move(handler), r = std::move(r)]() mutable {
+      auto ex = asio::get_associated_executor(h);
+      asio::dispatch(ex, asio::append(std::move(h), std::move(r)));
+    });
+    return;
+  }
+  std::shared_ptr<wait_op> op;
+  switch (how.kind) {
+    case strategy::host_fn:
+      op = std::make_shared<host_fn_op>(dev, s, std::move(ev), how, library, std::move(handler));
+      break;
+    case strategy::blocking_sync:
+      op = std::make_shared<blocking_op>(dev, s, std::move(ev), how, library, std::move(handler));
+      break;
+    case strategy::event_poll:
+    default:
+      op = std::make_shared<poll_op>(dev, s, std::move(ev), how, library, std::move(handler));
+      break;
+  }
+  op->start();
+}
+
+}  // namespace detail
+}  // namespace atomr::cuda

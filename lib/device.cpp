@@ -1,0 +1,532 @@
+#include "device_impl.hpp"
+#include "pinned_pool.hpp"
+
+#include <atomr/cuda/gpu_ref.hpp>
+#include <atomr/cuda/pinned.hpp>
+
+#include <boost/asio/append.hpp>
+#include <boost/asio/bind_executor.hpp>
+#include <boost/asio/dispatch.hpp>
+#include <boost/asio/post.hpp>
+
+#include <algorithm>
+#include <limits>
+#include <string>
+
+namespace atomr::cuda {
+namespace detail {
+
+namespace {
+std::atomic<std::uint64_t> next_stream_id{1};
+
+// One device state per ordinal while any handle lives.
+std::mutex registry_mu;
+std::map<int, std::weak_ptr<device_impl>>& registry() {
+  static std::map<int, std::weak_ptr<device_impl>> r;
+  return r;
+}
+
+gpu_error unavailable(gpu_error e) {
+  return gpu_error(errc::device_unavailable, e.library(), e.native_status(), e.message());
+}
+
+// Posts through `via` (which supports blocking.never), then dispatches to the
+// handler's own (type-erased) executor.
+template <class Handler, class Arg> void post_to(const asio::any_io_executor& via, Handler h,
+                                                 Arg a) {
+  asio::post(via, [h = std::move(h), a = std::move(a), via]() mutable {
+    auto ex = asio::get_associated_executor(h, via);
+    asio::dispatch(ex, asio::append(std::move(h), std::move(a)));
+  });
+}
+
+constexpr auto fault_tick = std::chrono::milliseconds(2);
+constexpr auto idle_tick = std::chrono::milliseconds(10);
+}  // namespace
+
+stream_state::~stream_state() {
+  if (native && owner->health.load() != health_state::poisoned) cudaStreamDestroy(native);
+}
+
+device_impl::device_impl(const asio::any_io_executor& ex, int ord, const device_options& o)
+    : executor(ex), ordinal(ord), options(o), strand_(ex), monitor_timer_(strand_) {}
+
+device_impl::~device_impl() {
+  {
+    std::lock_guard lk(bmu_);
+    bstop_ = true;
+  }
+  bcv_.notify_all();
+  if (bthread_.joinable()) {
+    if (bthread_.get_id() == std::this_thread::get_id())
+      bthread_.detach();
+    else
+      bthread_.join();
+  }
+  const bool alive = health.load() != health_state::poisoned;
+  if (alive) make_current();
+  for (auto& p : parked_)  // teardown with abandoned work still running: wait for it here
+    if (alive && p.done) cudaEventSynchronize(p.done->native_handle());
+  parked_.clear();
+  stream_pool.clear();
+  per_owner_.clear();
+  main_stream.reset();
+  release_stream.reset();
+  if (mem_pool && alive) cudaMemPoolDestroy(mem_pool);
+}
+
+void device_impl::init() {
+  int n = 0;
+  if (auto st = cudaGetDeviceCount(&n); st != cudaSuccess) {
+    cudaGetLastError();
+    init_error_ = unavailable(classify(st, "cudaGetDeviceCount"));
+    return;
+  }
+  if (ordinal < 0 || ordinal >= n) {
+    init_error_ = make_error(errc::device_unavailable, "cuda: device ordinal " +
+                                                           std::to_string(ordinal) +
+                                                           " does not exist (" +
+                                                           std::to_string(n) + " devices)");
+    return;
+  }
+  auto fail = [&](cudaError_t st, const char* what) {
+    cudaGetLastError();
+    init_error_ = unavailable(classify(st, what));
+  };
+  if (auto st = cudaSetDevice(ordinal); st != cudaSuccess) return fail(st, "cudaSetDevice");
+  cudaMemPoolProps props{};
+  props.allocType = cudaMemAllocationTypePinned;
+  props.handleTypes = cudaMemHandleTypeNone;
+  props.location.type = cudaMemLocationTypeDevice;
+  props.location.id = ordinal;
+  if (auto st = cudaMemPoolCreate(&mem_pool, &props); st != cudaSuccess)
+    return fail(st, "cudaMemPoolCreate");
+  // Keep freed memory in the pool: returning it to the OS on every
+  // synchronisation would make the next allocation pay for it again.
+  std::uint64_t keep = std::numeric_limits<std::uint64_t>::max();
+  if (auto st = cudaMemPoolSetAttribute(mem_pool, cudaMemPoolAttrReleaseThreshold, &keep);
+      st != cudaSuccess)
+    return fail(st, "cudaMemPoolSetAttribute");
+  events = std::make_shared<event_pool>(ordinal);
+  pinned = std::make_shared<pinned_pool>(options.pinned_cache_limit);
+  auto make = [&](std::shared_ptr<stream_state>& out) {
+    auto s = new_stream(false);
+    if (!s) {
+      init_error_ = unavailable(s.error());
+      return false;
+    }
+    out = std::move(s).value();
+    return true;
+  };
+  if (!make(main_stream) || !make(release_stream)) return;
+  stream_pool.resize(std::max<std::size_t>(1, options.stream_pool_size));
+  for (auto& s : stream_pool)
+    if (!make(s)) return;
+  health.store(health_state::healthy);
+}
+
+result<void> device_impl::check_accepting() const {
+  switch (health.load(std::memory_order_acquire)) {
+    case health_state::healthy:
+      return outcome::success();
+    case health_state::poisoned:
+      return fault_error();
+    case health_state::stopped:
+      return make_error(errc::device_unavailable,
+                        "device " + std::to_string(ordinal) + " was stopped");
+    case health_state::unavailable:
+      break;
+  }
+  std::lock_guard lk(mu_);
+  return init_error_;
+}
+
+gpu_error device_impl::fault_error() const {
+  std::lock_guard lk(mu_);
+  if (!fault_) return make_error(errc::context_poisoned, "device poisoned");
+  return gpu_error(errc::context_poisoned, fault_->library(), fault_->native_status(),
+                   "device " + std::to_string(ordinal) +
+                       " is poisoned by an earlier fault: " + fault_->message());
+}
+
+void device_impl::note_error(const gpu_error& e) {
+  if (e.code() == errc::out_of_memory) ++oom;
+  if (e.code() == errc::context_poisoned) poison(e);
+}
+
+void device_impl::poison(const gpu_error& e) {
+  auto expected = health_state::healthy;
+  if (!health.compare_exchange_strong(expected, health_state::poisoned)) return;
+  {
+    std::lock_guard lk(mu_);
+    fault_ = e;
+  }
+  ++generation;
+  ++faults;
+  // Nothing may be handed back to a dead context: events and pinned blocks leak.
+  if (events) events->abandon();
+  if (pinned) pinned->abandon();
+  set_health(health_state::healthy, health_state::poisoned);
+}
+
+void device_impl::stop() {
+  auto expected = health_state::healthy;
+  if (!health.compare_exchange_strong(expected, health_state::stopped)) return;
+  ++generation;
+  set_health(health_state::healthy, health_state::stopped);
+}
+
+void device_impl::set_health(health_state, health_state to) {
+  std::vector<asio::any_completion_handler<void(health_state)>> obs;
+  {
+    std::lock_guard lk(mu_);
+    obs.swap(observers_);
+  }
+  for (auto& h : obs) post_to(executor, std::move(h), to);
+  // Fail every watched wait now rather than at its next tick.
+  asio::post(strand_, [self = shared_from_this()] {
+    self->on_monitor_tick();
+    self->arm_monitor();
+  });
+}
+
+void device_impl::add_observer(asio::any_completion_handler<void(health_state)> h) {
+  std::unique_lock lk(mu_);
+  auto now = health.load();
+  if (now != health_state::healthy) {
+    lk.unlock();
+    post_to(executor, std::move(h), now);
+    return;
+  }
+  observers_.push_back(std::move(h));
+}
+
+void device_impl::probe_context() {
+  if (health.load() != health_state::healthy || !main_stream) return;
+  auto st = cudaStreamQuery(main_stream->native);
+  if (st == cudaSuccess || st == cudaErrorNotReady) return;
+  auto e = classify(st, "cudaStreamQuery (context probe)");
+  if (e.code() == errc::context_poisoned) poison(e);
+}
+
+cudaError_t device_impl::make_current() const noexcept {
+  int cur = -1;
+  if (cudaGetDevice(&cur) == cudaSuccess && cur == ordinal) return cudaSuccess;
+  return cudaSetDevice(ordinal);
+}
+
+result<std::shared_ptr<stream_state>> device_impl::new_stream(bool owned_by_caller) {
+  if (auto st = make_current(); st != cudaSuccess) return classify(st, "cudaSetDevice");
+  cudaStream_t s = nullptr;
+  if (auto st = cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking); st != cudaSuccess) {
+    auto e = classify(st, "cudaStreamCreateWithFlags");
+    note_error(e);
+    return e;
+  }
+  auto out = std::make_shared<stream_state>(owned_by_caller ? shared_from_this() : nullptr, s,
+                                            next_stream_id++);
+  out->owner = this;
+  return out;
+}
+
+result<stream> device_impl::acquire_stream(stream_policy p, std::string_view owner) {
+  BOOST_OUTCOME_TRY(check_accepting());
+  switch (p) {
+    case stream_policy::single:
+      return stream(main_stream);
+    case stream_policy::pooled:
+      return stream(stream_pool[next_pooled++ % stream_pool.size()]);
+    case stream_policy::per_actor_shared: {
+      std::lock_guard lk(mu_);
+      auto it = per_owner_.find(owner);
+      if (it != per_owner_.end()) return stream(it->second);
+      BOOST_OUTCOME_TRY(auto s, new_stream(false));
+      per_owner_.emplace(std::string(owner), s);
+      return stream(std::move(s));
+    }
+    case stream_policy::per_actor_fresh: {
+      BOOST_OUTCOME_TRY(auto s, new_stream(true));
+      return stream(std::move(s));
+    }
+  }
+  return make_error(errc::invalid_argument, "unknown stream policy");
+}
+
+// ---------------------------------------------------------------- monitor
+
+void device_impl::watch(std::shared_ptr<watched_wait> w) {
+  asio::post(strand_, [self = shared_from_this(), w = std::move(w)]() mutable {
+    self->watched_.push_back(std::move(w));
+    self->arm_monitor();
+  });
+}
+
+void device_impl::park(shared_event done, std::shared_ptr<void> keep_alive) {
+  ++parked_count;
+  asio::post(strand_, [self = shared_from_this(), p = parked_work{std::move(done),
+                                                                  std::move(keep_alive)}]() mutable {
+    self->parked_.push_back(std::move(p));
+    self->arm_monitor();
+  });
+}
+
+void device_impl::arm_monitor() {
+  if (watched_.empty() && parked_.empty()) return;
+  const auto now = clock::now();
+  bool fast = !parked_.empty();
+  auto next = clock::time_point::max();
+  for (auto& w : watched_) {
+    fast = fast || w->polls_for_faults();
+    next = std::min(next, w->deadline());
+  }
+  next = std::min(next, now + (fast ? clock::duration(fault_tick) : clock::duration(idle_tick)));
+  if (monitor_armed_ && monitor_at_ <= next) return;
+  monitor_armed_ = true;
+  monitor_at_ = next;
+  monitor_timer_.expires_at(next);
+  monitor_timer_.async_wait(
+      asio::bind_executor(strand_, [self = shared_from_this()](boost::system::error_code ec) {
+        if (ec == asio::error::operation_aborted) return;  // re-armed earlier
+        self->monitor_armed_ = false;
+        self->on_monitor_tick();
+        self->arm_monitor();
+      }));
+}
+
+void device_impl::on_monitor_tick() {
+  const auto now = clock::now();
+  std::erase_if(watched_, [&](auto& w) { return w->on_tick(now); });
+  if (parked_.empty()) return;
+  const bool dead = health.load() == health_state::poisoned;
+  if (!dead) make_current();
+  std::erase_if(parked_, [&](parked_work& p) {
+    // A dead context runs nothing more, so its abandoned work is over too.
+    if (!dead && cudaEventQuery(p.done->native_handle()) == cudaErrorNotReady) return false;
+    --parked_count;
+    return true;
+  });
+}
+
+// ---------------------------------------------------------------- blocking_sync worker
+
+void device_impl::submit_blocking(blocking_item item) {
+  {
+    std::lock_guard lk(bmu_);
+    bqueue_.push_back(std::move(item));
+    if (!bthread_.joinable()) bthread_ = std::thread([this] { blocking_loop(); });
+  }
+  bcv_.notify_one();
+}
+
+void device_impl::blocking_loop() {
+  cudaSetDevice(ordinal);
+  for (;;) {
+    blocking_item item;
+    {
+      std::unique_lock lk(bmu_);
+      bcv_.wait(lk, [&] { return bstop_ || !bqueue_.empty(); });
+      if (bqueue_.empty()) return;
+      item = std::move(bqueue_.front());
+      bqueue_.pop_front();
+    }
+    auto st = cudaEventSynchronize(item.ev->native_handle());
+    item.on_done(st);
+  }
+}
+
+result<shared_event> record_event(device_impl& d, cudaStream_t s, std::string_view library) {
+  shared_event ev;
+  if (auto st = d.events->acquire(ev); st != cudaSuccess) {
+    auto e = classify(st, "cudaEventCreateWithFlags").tagged(library);
+    d.note_error(e);
+    return e;
+  }
+  if (auto st = cudaEventRecord(ev->native_handle(), s); st != cudaSuccess) {
+    auto e = classify(st, "cudaEventRecord").tagged(library);
+    d.note_error(e);
+    return e;
+  }
+  return ev;
+}
+
+// ---------------------------------------------------------------- buffers
+
+buffer_state::~buffer_state() {
+  --dev->live_buffers;
+  // After a sticky fault nothing is handed back to the dead context.
+  if (dev->health.load() == health_state::poisoned || !dev->release_stream) return;
+  dev->make_current();
+  cudaStream_t rs = dev->release_stream->native;
+  // Stream-ordered free: the release stream waits (on the GPU) for every
+  // tracked access, so the memory is reused only after they finished.
+  if (last_write.done) cudaStreamWaitEvent(rs, last_write.done->native_handle(), 0);
+  for (auto& r : reads) cudaStreamWaitEvent(rs, r.done->native_handle(), 0);
+  cudaFreeAsync(ptr, rs);  // teardown: errors deliberately ignored
+}
+
+result<void> check_buffer(const buffer_state* st, std::string_view what) {
+  if (!st) return make_error(errc::invalid_argument, std::string(what) + " is empty");
+  const auto& d = *st->dev;
+  const auto gen = d.generation.load(std::memory_order_acquire);
+  const auto h = d.health.load(std::memory_order_acquire);
+  if (st->generation == gen && h == health_state::healthy) return outcome::success();
+  std::string why = std::string(to_string(h));
+  if (h == health_state::poisoned) why += ": " + d.fault_error().message();
+  return make_error(errc::stale_ref, std::string(what) + " is stale: allocated in generation " +
+                                         std::to_string(st->generation) + ", device " +
+                                         std::to_string(d.ordinal) + " is at generation " +
+                                         std::to_string(gen) + " (" + why + ")");
+}
+
+}  // namespace detail
+
+// ---------------------------------------------------------------- device
+
+std::string_view to_string(health_state h) noexcept {
+  switch (h) {
+    case health_state::healthy:
+      return "healthy";
+    case health_state::poisoned:
+      return "poisoned";
+    case health_state::stopped:
+      return "stopped";
+    case health_state::unavailable:
+      return "unavailable";
+  }
+  return "unknown";
+}
+
+std::string_view to_string(stream_policy p) noexcept {
+  switch (p) {
+    case stream_policy::single:
+      return "single";
+    case stream_policy::pooled:
+      return "pooled";
+    case stream_policy::per_actor_shared:
+      return "per_actor_shared";
+    case stream_policy::per_actor_fresh:
+      return "per_actor_fresh";
+  }
+  return "unknown";
+}
+
+device::device(const executor_type& ex, int ordinal, const device_options& options) {
+  std::lock_guard lk(detail::registry_mu);
+  auto& slot = detail::registry()[ordinal];
+  if (auto live = slot.lock()) {
+    impl_ = std::move(live);
+    return;
+  }
+  impl_ = std::make_shared<detail::device_impl>(ex, ordinal, options);
+  impl_->init();
+  slot = impl_;
+}
+
+result<device> device::open(const executor_type& ex, int ordinal, const device_options& options) {
+  device d(ex, ordinal, options);
+  BOOST_OUTCOME_TRY(d.status());
+  return d;
+}
+
+device::executor_type device::get_executor() const noexcept { return impl_->executor; }
+int device::ordinal() const noexcept { return impl_->ordinal; }
+const device_options& device::options() const noexcept { return impl_->options; }
+health_state device::health() const noexcept { return impl_->health.load(); }
+bool device::accepting() const noexcept { return health() == health_state::healthy; }
+std::uint64_t device::generation() const noexcept { return impl_->generation.load(); }
+result<void> device::status() const { return impl_->check_accepting(); }
+
+std::optional<gpu_error> device::fault() const {
+  if (health() != health_state::poisoned) return std::nullopt;
+  return impl_->fault_error();
+}
+
+device_statistics device::statistics() const {
+  auto& d = *impl_;
+  device_statistics s;
+  s.health = d.health.load();
+  s.generation = d.generation.load();
+  s.ops_in_flight = d.in_flight.load();
+  s.ops_completed = d.completed.load();
+  s.ops_failed = d.failed.load();
+  s.faults = d.faults.load();
+  s.out_of_memory = d.oom.load();
+  s.live_buffers = d.live_buffers.load();
+  s.parked = d.parked_count.load();
+  s.events_created = d.events ? d.events->created() : 0;
+  s.pinned_cached_bytes = d.pinned ? d.pinned->cached_bytes() : 0;
+  if (s.health == health_state::healthy && d.make_current() == cudaSuccess) {
+    if (cudaMemGetInfo(&s.free_bytes, &s.total_bytes) != cudaSuccess) cudaGetLastError();
+  }
+  return s;
+}
+
+result<stream> device::acquire_stream(stream_policy policy, std::string_view owner) {
+  return impl_->acquire_stream(policy, owner);
+}
+
+stream device::main_stream() const {
+  if (impl_->main_stream) return stream(impl_->main_stream);
+  // Unavailable device: a handle with no CUDA stream, so that work on it
+  // reports the device's status instead of crashing.
+  auto st = std::make_shared<detail::stream_state>(impl_, nullptr, 0);
+  st->owner = impl_.get();
+  return stream(std::move(st));
+}
+
+void device::stop() { impl_->stop(); }
+
+void device::add_health_observer(const std::shared_ptr<detail::device_impl>& impl,
+                                 asio::any_completion_handler<void(health_state)> h) {
+  impl->add_observer(std::move(h));
+}
+
+result<std::shared_ptr<detail::buffer_state>> device::allocate_state(std::size_t count, dtype t,
+                                                                     const stream& on) {
+  auto& d = *impl_;
+  BOOST_OUTCOME_TRY(d.check_accepting());
+  if (count == 0) return make_error(errc::invalid_argument, "allocate: count must be > 0");
+  const std::size_t es = size_of(t);
+  if (count > std::numeric_limits<std::size_t>::max() / es)
+    return make_error(errc::invalid_argument, "allocate: " + std::to_string(count) +
+                                                  " elements overflow the byte count");
+  if (!on || on.state()->owner != &d || !on.native_handle())
+    return make_error(errc::invalid_argument, "allocate: the stream is not one of device " +
+                                                  std::to_string(d.ordinal));
+  if (auto st = d.make_current(); st != cudaSuccess) {
+    auto e = classify(st, "cudaSetDevice");
+    d.note_error(e);
+    return e;
+  }
+  void* p = nullptr;
+  const std::size_t bytes = count * es;
+  if (auto st = cudaMallocFromPoolAsync(&p, bytes, d.mem_pool, on.native_handle());
+      st != cudaSuccess) {
+    cudaGetLastError();
+    auto e = classify(st, "cudaMallocFromPoolAsync(" + std::to_string(bytes) + " bytes)");
+    d.note_error(e);
+    return e;
+  }
+  auto state = std::make_shared<detail::buffer_state>(impl_, p, count, t, d.generation.load());
+  ++d.live_buffers;
+  // The allocation is ordered on `on`: other streams must wait for it like a write.
+  BOOST_OUTCOME_TRY(auto ev, detail::record_event(d, on.native_handle(), "cuda"));
+  state->last_write = {on.id(), std::move(ev)};
+  return state;
+}
+
+result<std::shared_ptr<detail::pinned_block>> device::allocate_pinned_block(std::size_t bytes) {
+  BOOST_OUTCOME_TRY(impl_->check_accepting());
+  impl_->make_current();
+  auto b = impl_->pinned->acquire(bytes);
+  if (!b) impl_->note_error(b.error());
+  return b;
+}
+
+// ---------------------------------------------------------------- stream
+
+cudaStream_t stream::native_handle() const noexcept { return st_ ? st_->native : nullptr; }
+std::uint64_t stream::id() const noexcept { return st_ ? st_->id : 0; }
+device stream::get_device() const { return device(st_->owner->shared_from_this()); }
+
+}  // namespace atomr::cuda

@@ -1,0 +1,156 @@
+// Private: the state behind a device handle. Not installed.
+#pragma once
+
+#include <atomr/cuda/detail/event_pool.hpp>
+#include <atomr/cuda/device.hpp>
+#include <atomr/cuda/stream.hpp>
+
+#include <boost/asio/steady_timer.hpp>
+#include <boost/asio/strand.hpp>
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <map>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+namespace atomr::cuda::detail {
+
+using clock = std::chrono::steady_clock;
+
+struct stream_state {
+  stream_state(std::shared_ptr<device_impl> d, cudaStream_t s, std::uint64_t i) noexcept
+      : dev(std::move(d)), native(s), id(i) {}
+  stream_state(const stream_state&) = delete;
+  stream_state& operator=(const stream_state&) = delete;
+  ~stream_state();
+
+  std::shared_ptr<device_impl> dev;  // null for the device's own streams (no cycle)
+  device_impl* owner = nullptr;      // always set
+  cudaStream_t native;
+  std::uint64_t id;
+};
+
+/// A wait that the device's monitor must watch: for deadlines, for a fault
+/// found elsewhere, and (host_fn) for a fault its callback will never report.
+class watched_wait {
+public:
+  virtual ~watched_wait() = default;
+  /// Called on the monitor strand; returns true once the wait has finished.
+  virtual bool on_tick(clock::time_point now) = 0;
+  /// The deadline, or clock::time_point::max().
+  virtual clock::time_point deadline() const noexcept = 0;
+  /// True if the monitor must query this wait's event for errors on every tick.
+  virtual bool polls_for_faults() const noexcept = 0;
+};
+
+/// GPU work whose waiter gave up (timeout, cancellation): its keep-alive is
+/// released only when `done` has completed (or the context is gone).
+struct parked_work {
+  shared_event done;
+  std::shared_ptr<void> keep_alive;
+};
+
+/// Work for the blocking_sync thread.
+struct blocking_item {
+  shared_event ev;
+  std::function<void(cudaError_t)> on_done;  // runs on the worker thread
+};
+
+class pinned_pool;
+
+class device_impl : public std::enable_shared_from_this<device_impl> {
+public:
+  device_impl(const asio::any_io_executor& ex, int ordinal, const device_options& o);
+  ~device_impl();
+  device_impl(const device_impl&) = delete;
+  device_impl& operator=(const device_impl&) = delete;
+
+  /// CUDA initialisation for this ordinal; sets health to healthy or unavailable.
+  void init();
+
+  // --- state ---
+  const asio::any_io_executor executor;
+  const int ordinal;
+  const device_options options;
+
+  std::atomic<std::uint64_t> generation{1};
+  std::atomic<health_state> health{health_state::unavailable};
+
+  // statistics
+  std::atomic<std::uint64_t> in_flight{0}, completed{0}, failed{0}, faults{0}, oom{0},
+      live_buffers{0}, parked_count{0};
+
+  cudaMemPool_t mem_pool = nullptr;
+  std::shared_ptr<event_pool> events;
+  std::shared_ptr<pinned_pool> pinned;
+  std::shared_ptr<stream_state> main_stream, release_stream;
+  std::vector<std::shared_ptr<stream_state>> stream_pool;
+  std::atomic<std::size_t> next_pooled{0};
+
+  // --- errors and health ---
+  /// Success while healthy; otherwise the error every new call gets.
+  result<void> check_accepting() const;
+  /// The first fault, re-issued as context_poisoned for a later caller.
+  gpu_error fault_error() const;
+  /// Counts the error, and poisons the device if it is a sticky fault.
+  void note_error(const gpu_error& e);
+  /// Marks the device poisoned by `e` (first caller wins): generation bump,
+  /// waiters failed, observers woken. Never frees anything.
+  void poison(const gpu_error& e);
+  void stop();
+  /// After a driver or library failure, asks CUDA whether the context is
+  /// still alive (cudaStreamQuery on the main stream); poisons it if not.
+  void probe_context();
+
+  /// Makes this device current on the calling thread (cached per thread).
+  cudaError_t make_current() const noexcept;
+
+  // --- streams ---
+  result<stream> acquire_stream(stream_policy p, std::string_view owner);
+  result<std::shared_ptr<stream_state>> new_stream(bool owned_by_caller);
+
+  // --- monitor: deadlines, fault watchdog, parked keep-alives ---
+  void watch(std::shared_ptr<watched_wait> w);
+  void park(shared_event done, std::shared_ptr<void> keep_alive);
+
+  // --- blocking_sync worker ---
+  void submit_blocking(blocking_item item);
+
+  // --- health observers ---
+  void add_observer(asio::any_completion_handler<void(health_state)> h);
+
+private:
+  void set_health(health_state from, health_state to);
+  void arm_monitor();  // on strand
+  void on_monitor_tick();
+  void blocking_loop();
+
+  mutable std::mutex mu_;  // fault_, init_error_, observers_, per_owner_
+  std::optional<gpu_error> fault_;
+  gpu_error init_error_;
+  std::vector<asio::any_completion_handler<void(health_state)>> observers_;
+  std::map<std::string, std::shared_ptr<stream_state>, std::less<>> per_owner_;
+
+  asio::strand<asio::any_io_executor> strand_;
+  asio::steady_timer monitor_timer_;
+  bool monitor_armed_ = false;                  // on strand
+  clock::time_point monitor_at_{};              // on strand
+  std::vector<std::shared_ptr<watched_wait>> watched_;  // on strand
+  std::vector<parked_work> parked_;                      // on strand
+
+  std::mutex bmu_;
+  std::condition_variable bcv_;
+  std::deque<blocking_item> bqueue_;
+  bool bstop_ = false;
+  std::thread bthread_;
+};
+
+/// Records the pool's next free event on `s`.
+result<shared_event> record_event(device_impl& d, cudaStream_t s, std::string_view library);
+
+}  // namespace atomr::cuda::detail

@@ -1,0 +1,98 @@
+#include "device_impl.hpp"
+
+#include <atomr/cuda/run_kernel.hpp>
+
+#include <algorithm>
+#include <string>
+
+namespace atomr::cuda {
+
+launch::~launch() {
+  if (counted_) --stream_.state()->owner->in_flight;
+}
+
+result<void> launch::begin() {
+  if (!stream_) return make_error(errc::invalid_argument, "run_kernel: empty stream");
+  auto& d = *stream_.state()->owner;
+  BOOST_OUTCOME_TRY(d.check_accepting());
+  if (auto st = d.make_current(); st != cudaSuccess) return classify(st, "cudaSetDevice");
+  ++d.in_flight;
+  counted_ = true;
+  return outcome::success();
+}
+
+result<void*> launch::access(const std::shared_ptr<detail::buffer_state>& st, bool write) {
+  BOOST_OUTCOME_TRY(detail::check_buffer(st.get(), write ? "output buffer" : "input buffer"));
+  auto* d = stream_.state()->owner;
+  if (st->dev.get() != d)
+    return make_error(errc::invalid_argument,
+                      "buffer of device " + std::to_string(st->dev->ordinal) +
+                          " used on a stream of device " + std::to_string(d->ordinal));
+  std::lock_guard lk(st->mu);
+  auto wait_for = [&](const detail::access_stamp& a) -> result<void> {
+    if (!a.done || a.stream_id == stream_.id()) return outcome::success();  // stream order suffices
+    if (auto e = cudaStreamWaitEvent(native_stream(), a.done->native_handle(), 0); e != cudaSuccess)
+      return classify(e, "cudaStreamWaitEvent");
+    return outcome::success();
+  };
+  BOOST_OUTCOME_TRY(wait_for(st->last_write));
+  if (write) {
+    for (auto& r : st->reads) {
+      BOOST_OUTCOME_TRY(wait_for(r));
+    }
+  }
+  touched_.emplace_back(st, write);
+  return st->ptr;
+}
+
+result<std::shared_ptr<detail::pooled_event>> launch::commit() {
+  BOOST_OUTCOME_TRY(auto ev, detail::record_event(*stream_.state()->owner, native_stream(), library_));
+  const auto id = stream_.id();
+  for (auto& [st, write] : touched_) {
+    std::lock_guard lk(st->mu);
+    if (write) {
+      st->last_write = {id, ev};
+      st->reads.clear();
+      continue;
+    }
+    auto it = std::find_if(st->reads.begin(), st->reads.end(),
+                           [&](const detail::access_stamp& a) { return a.stream_id == id; });
+    if (it != st->reads.end())
+      it->done = ev;
+    else
+      st->reads.push_back({id, ev});
+  }
+  touched_.clear();
+  return ev;
+}
+
+gpu_error launch::fail(gpu_error e) {
+  e = e.tagged(library_);
+  if (stream_) {
+    auto& d = *stream_.state()->owner;
+    if (e.code() == errc::driver || e.code() == errc::library) d.probe_context();
+    d.note_error(e);
+    if (e.code() != errc::context_poisoned && d.health.load() == health_state::healthy)
+      cudaGetLastError();  // a survivable error must not be blamed on the next launch
+    if (counted_) {
+      --d.in_flight;
+      ++d.failed;
+      counted_ = false;
+    }
+  }
+  return e;
+}
+
+void launch::succeed() {
+  if (!counted_) return;
+  auto& d = *stream_.state()->owner;
+  --d.in_flight;
+  ++d.completed;
+  counted_ = false;
+}
+
+void launch::park(std::shared_ptr<detail::pooled_event> done, std::shared_ptr<void> keep_alive) {
+  stream_.state()->owner->park(std::move(done), std::move(keep_alive));
+}
+
+}  // namespace atomr::cuda
