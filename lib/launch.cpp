@@ -15,9 +15,14 @@ result<void> launch::begin() {
   if (!stream_) return make_error(errc::invalid_argument, "run_kernel: empty stream");
   auto& d = *stream_.state()->owner;
   BOOST_OUTCOME_TRY(d.check_accepting());
-  if (auto st = d.make_current(); st != cudaSuccess) return classify(st, "cudaSetDevice");
   ++d.in_flight;
   counted_ = true;
+  return outcome::success();
+}
+
+result<void> launch::make_current() {
+  if (auto st = stream_.state()->owner->make_current(); st != cudaSuccess)
+    return classify(st, "cudaSetDevice");
   return outcome::success();
 }
 

@@ -48,8 +48,10 @@ public:
   }
 
   // --- used by run_kernel ---
-  /// Checks the device accepts work and makes it current; counts the op in flight.
+  /// Checks the device accepts work; counts the op in flight.
   result<void> begin();
+  /// Makes the stream's device current on this thread (cudaSetDevice if needed).
+  result<void> make_current();
   /// Records the completion event and stamps every accessed buffer with it.
   result<std::shared_ptr<detail::pooled_event>> commit();
   /// Finishes the accounting with `r`; tags an error with the library, counts
@@ -110,6 +112,7 @@ asio::awaitable<result<O>> run_kernel(std::string_view library, stream s, comple
   launch l(std::move(s), library);
   if (auto ok = l.begin(); !ok) co_return l.fail(ok.error());
   if (auto ok = detail::declare_output(l, output); !ok) co_return l.fail(ok.error());
+  if (auto ok = l.make_current(); !ok) co_return l.fail(ok.error());
   auto keep = detail::call_enqueue(enqueue, l);
   if (!keep) co_return l.fail(keep.error());
   auto done = l.commit();

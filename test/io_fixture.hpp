@@ -1,0 +1,52 @@
+// Test fixture: an io_context and a way to run one coroutine on it to completion.
+#pragma once
+
+#include <boost/asio/awaitable.hpp>
+#include <boost/asio/co_spawn.hpp>
+#include <boost/asio/io_context.hpp>
+
+#include <chrono>
+#include <exception>
+#include <optional>
+#include <stdexcept>
+#include <utility>
+
+namespace atomr::cuda::test {
+
+namespace asio = boost::asio;
+
+struct io_fixture {
+  asio::io_context ioc;
+
+  /// Runs `aw` on the io_context until it (and everything it left behind) is
+  /// done, and returns its value; rethrows its exception.
+  template <class T> T run(asio::awaitable<T> aw) {
+    std::optional<T> out;
+    std::exception_ptr err;
+    // co_spawn's handler needs a default-constructible value; result<T> is not.
+    auto store = [](asio::awaitable<T> a, std::optional<T>& o) -> asio::awaitable<void> {
+      o.emplace(co_await std::move(a));
+    };
+    asio::co_spawn(ioc, store(std::move(aw), out), [&](std::exception_ptr e) { err = e; });
+    ioc.restart();
+    ioc.run();
+    if (err) std::rethrow_exception(err);
+    if (!out) throw std::logic_error("coroutine did not complete");
+    return std::move(*out);
+  }
+
+  void run(asio::awaitable<void> aw) {
+    std::exception_ptr err;
+    bool done = false;
+    asio::co_spawn(ioc, std::move(aw), [&](std::exception_ptr e) {
+      err = e;
+      done = true;
+    });
+    ioc.restart();
+    ioc.run();
+    if (err) std::rethrow_exception(err);
+    if (!done) throw std::logic_error("coroutine did not complete");
+  }
+};
+
+}  // namespace atomr::cuda::test

@@ -1,0 +1,129 @@
+// Without a usable device every entry point answers device_unavailable, with
+// the CUDA message, and never touches the GPU. On a machine with a GPU the
+// same tests use an ordinal that does not exist.
+#include <atomr/cuda.hpp>
+
+#include "io_fixture.hpp"
+
+#include <boost/asio/deferred.hpp>
+#include <boost/asio/use_awaitable.hpp>
+#include <doctest/doctest.h>
+
+#include <string>
+#include <vector>
+
+using namespace atomr::cuda;
+using atomr::cuda::test::io_fixture;
+namespace asio = boost::asio;
+
+namespace {
+// ordinal 0 where there is no GPU (the real case), else one that cannot exist.
+int unusable_ordinal() {
+  int n = 0;
+  return cudaGetDeviceCount(&n) == cudaSuccess && n > 0 ? 1000 : 0;
+}
+
+std::string cuda_reason() {
+  int n = 0;
+  auto st = cudaGetDeviceCount(&n);
+  cudaGetLastError();
+  return st == cudaSuccess ? std::string("does not exist") : std::string(cudaGetErrorString(st));
+}
+}  // namespace
+
+TEST_CASE_FIXTURE(io_fixture, "opening an unusable device yields device_unavailable") {
+  auto d = device::open(ioc.get_executor(), unusable_ordinal());
+  REQUIRE_FALSE(d);
+  CHECK(d.error().code() == errc::device_unavailable);
+  CHECK(d.error().message().find(cuda_reason()) != std::string::npos);
+  CHECK_THROWS_WITH_AS(d.value(), d.error().message().c_str(), gpu_exception);
+}
+
+TEST_CASE_FIXTURE(io_fixture, "an unavailable device reports its state and refuses work") {
+  device d(ioc.get_executor(), unusable_ordinal());
+  CHECK(d.health() == health_state::unavailable);
+  CHECK_FALSE(d.accepting());
+  CHECK(d.status().error().code() == errc::device_unavailable);
+  CHECK_FALSE(d.fault());
+
+  CHECK(d.allocate<float>(16).error().code() == errc::device_unavailable);
+  CHECK(d.allocate_pinned<double>(16).error().code() == errc::device_unavailable);
+  for (auto p : {stream_policy::single, stream_policy::pooled, stream_policy::per_actor_shared,
+                 stream_policy::per_actor_fresh})
+    CHECK(d.acquire_stream(p, "cublas").error().code() == errc::device_unavailable);
+
+  auto s = d.statistics();
+  CHECK(s.health == health_state::unavailable);
+  CHECK(s.ops_in_flight == 0);
+  CHECK(s.total_bytes == 0);
+
+  // The same device handle is returned for the same ordinal while one lives.
+  device again(ioc.get_executor(), unusable_ordinal());
+  CHECK(again == d);
+}
+
+TEST_CASE_FIXTURE(io_fixture, "every completion strategy yields device_unavailable") {
+  device d(ioc.get_executor(), unusable_ordinal());
+  for (completion how : {completion(event_poll{}), completion(host_fn{}),
+                         completion(blocking_sync{})}) {
+    CAPTURE(to_string(how.kind));
+    auto r = run([&]() -> asio::awaitable<result<void>> {
+      co_return co_await how.async_wait(d.main_stream(), asio::use_awaitable);
+    }());
+    REQUIRE_FALSE(r);
+    CHECK(r.error().code() == errc::device_unavailable);
+    CHECK(r.error().message().find(cuda_reason()) != std::string::npos);
+
+    // Any completion token: a plain callback, and deferred.
+    std::optional<result<void>> cb;
+    how.async_wait(d.main_stream(), [&](result<void> x) { cb = std::move(x); });
+    CHECK_FALSE(cb);  // never completes inside the initiating call
+    ioc.restart();
+    ioc.run();
+    REQUIRE(cb);
+    CHECK(cb->error().code() == errc::device_unavailable);
+
+    auto op = how.async_wait(d.main_stream(), asio::deferred);
+    std::optional<result<void>> viad;
+    std::move(op)([&](result<void> x) { viad = std::move(x); });
+    ioc.restart();
+    ioc.run();
+    REQUIRE(viad);
+    CHECK(viad->error().code() == errc::device_unavailable);
+  }
+}
+
+TEST_CASE_FIXTURE(io_fixture, "run_kernel on an unavailable device never calls enqueue") {
+  device d(ioc.get_executor(), unusable_ordinal());
+  bool enqueued = false;
+  auto r = run(run_kernel("cublas", d.main_stream(), event_poll{}, 42,
+                          [&](launch&) -> result<int> {
+                            enqueued = true;
+                            return 0;
+                          }));
+  CHECK_FALSE(enqueued);
+  REQUIRE_FALSE(r);
+  CHECK(r.error().code() == errc::device_unavailable);
+  CHECK(r.error().library() == "cublas");
+  CHECK(d.statistics().ops_in_flight == 0);
+}
+
+TEST_CASE_FIXTURE(io_fixture, "transfers on an empty ref fail with invalid_argument") {
+  std::vector<float> host(8, 1.0f);
+  auto r = run(upload(std::span<const float>(host), gpu_ref<float>{}));
+  REQUIRE_FALSE(r);
+  CHECK(r.error().code() == errc::invalid_argument);
+  auto m = run(upload(std::span<const float>(host.data(), 4), gpu_ref<float>{}));
+  CHECK(m.error().code() == errc::invalid_argument);
+  CHECK(m.error().message().find("source has 4 elements, destination 0") != std::string::npos);
+}
+
+TEST_CASE_FIXTURE(io_fixture, "health observers of an unavailable device complete at once") {
+  device d(ioc.get_executor(), unusable_ordinal());
+  std::optional<health_state> seen;
+  d.async_wait_health_change([&](health_state h) { seen = h; });
+  ioc.restart();
+  ioc.run();
+  REQUIRE(seen);
+  CHECK(*seen == health_state::unavailable);
+}
