@@ -49,9 +49,9 @@ public:
         ex_(asio::get_associated_executor(handler_, dev_->executor)),
         start_(clock::now()) {
     const auto left = clock::time_point::max() - start_;
-    deadline_ = how.timeout >= left ? clock::time_point::max()
-                                    : start_ + std::chrono::duration_cast<clock::duration>(
-                                                   how.timeout);
+    deadline_ = how.timeout >= left
+                    ? clock::time_point::max()
+                    : start_ + std::chrono::duration_cast<clock::duration>(how.timeout);
   }
 
   /// Common start: validation, cancellation hook, the event; then the strategy.
@@ -90,7 +90,8 @@ public:
     if (now >= deadline_) return finish(timeout_error()), true;
     if (polls_for_faults()) {
       auto q = cudaEventQuery(ev_->native_handle());
-      if (q != cudaSuccess && q != cudaErrorNotReady) return finish(fault(q, "cudaEventQuery")), true;
+      if (q != cudaSuccess && q != cudaErrorNotReady)
+        return finish(fault(q, "cudaEventQuery")), true;
     }
     return done_.load();
   }
@@ -161,9 +162,8 @@ public:
 
 private:
   void launch() override {
-    asio::post(dev_->executor, [self = std::static_pointer_cast<poll_op>(shared_from_this())] {
-      self->step();
-    });
+    asio::post(dev_->executor,
+               [self = std::static_pointer_cast<poll_op>(shared_from_this())] { self->step(); });
   }
 
   void step() {
@@ -171,7 +171,8 @@ private:
     auto q = cudaEventQuery(ev_->native_handle());
     if (q == cudaSuccess) return (void)finish(outcome::success(), true);
     if (q != cudaErrorNotReady) return (void)finish(fault(q, "cudaEventQuery"), true);
-    if (auto ok = dev_->check_accepting(); !ok) return (void)finish(ok.error().tagged(library_), true);
+    if (auto ok = dev_->check_accepting(); !ok)
+      return (void)finish(ok.error().tagged(library_), true);
     const auto now = clock::now();
     if (now >= deadline_) return (void)finish(timeout_error(), true);
     auto self = std::static_pointer_cast<poll_op>(shared_from_this());
@@ -180,8 +181,8 @@ private:
       asio::post(dev_->executor, [self] { self->step(); });
       return;
     }
-    auto pause = std::clamp<clock::duration>(waited / 32, std::chrono::microseconds(10),
-                                             how_.max_backoff);
+    auto pause =
+        std::clamp<clock::duration>(waited / 32, std::chrono::microseconds(10), how_.max_backoff);
     pause = std::min<clock::duration>(pause, deadline_ - now);
     if (!timer_) timer_.emplace(dev_->executor);
     timer_->expires_after(pause);
@@ -229,8 +230,10 @@ private:
   void before_deliver(result<void>& r) override {
     if (!r) return;
     auto q = cudaEventQuery(ev_->native_handle());
-    if (q != cudaSuccess && q != cudaErrorNotReady) r = fault(q, "cudaEventQuery (after host function)");
-    else if (auto ok = dev_->check_accepting(); !ok) r = ok.error().tagged(library_);
+    if (q != cudaSuccess && q != cudaErrorNotReady)
+      r = fault(q, "cudaEventQuery (after host function)");
+    else if (auto ok = dev_->check_accepting(); !ok)
+      r = ok.error().tagged(library_);
   }
 };
 

@@ -32,8 +32,8 @@ gpu_error unavailable(gpu_error e) {
 
 // Posts through `via` (which supports blocking.never), then dispatches to the
 // handler's own (type-erased) executor.
-template <class Handler, class Arg> void post_to(const asio::any_io_executor& via, Handler h,
-                                                 Arg a) {
+template <class Handler, class Arg>
+void post_to(const asio::any_io_executor& via, Handler h, Arg a) {
   asio::post(via, [h = std::move(h), a = std::move(a), via]() mutable {
     auto ex = asio::get_associated_executor(h, via);
     asio::dispatch(ex, asio::append(std::move(h), std::move(a)));
@@ -83,10 +83,9 @@ void device_impl::init() {
     return;
   }
   if (ordinal < 0 || ordinal >= n) {
-    init_error_ = make_error(errc::device_unavailable, "cuda: device ordinal " +
-                                                           std::to_string(ordinal) +
-                                                           " does not exist (" +
-                                                           std::to_string(n) + " devices)");
+    init_error_ = make_error(errc::device_unavailable,
+                             "cuda: device ordinal " + std::to_string(ordinal) +
+                                 " does not exist (" + std::to_string(n) + " devices)");
     return;
   }
   auto fail = [&](cudaError_t st, const char* what) {
@@ -263,8 +262,8 @@ void device_impl::watch(std::shared_ptr<watched_wait> w) {
 
 void device_impl::park(shared_event done, std::shared_ptr<void> keep_alive) {
   ++parked_count;
-  asio::post(strand_, [self = shared_from_this(), p = parked_work{std::move(done),
-                                                                  std::move(keep_alive)}]() mutable {
+  asio::post(strand_, [self = shared_from_this(),
+                       p = parked_work{std::move(done), std::move(keep_alive)}]() mutable {
     self->parked_.push_back(std::move(p));
     self->arm_monitor();
   });
@@ -428,13 +427,27 @@ result<device> device::open(const executor_type& ex, int ordinal, const device_o
   return d;
 }
 
-device::executor_type device::get_executor() const noexcept { return impl_->executor; }
-int device::ordinal() const noexcept { return impl_->ordinal; }
-const device_options& device::options() const noexcept { return impl_->options; }
-health_state device::health() const noexcept { return impl_->health.load(); }
-bool device::accepting() const noexcept { return health() == health_state::healthy; }
-std::uint64_t device::generation() const noexcept { return impl_->generation.load(); }
-result<void> device::status() const { return impl_->check_accepting(); }
+device::executor_type device::get_executor() const noexcept {
+  return impl_->executor;
+}
+int device::ordinal() const noexcept {
+  return impl_->ordinal;
+}
+const device_options& device::options() const noexcept {
+  return impl_->options;
+}
+health_state device::health() const noexcept {
+  return impl_->health.load();
+}
+bool device::accepting() const noexcept {
+  return health() == health_state::healthy;
+}
+std::uint64_t device::generation() const noexcept {
+  return impl_->generation.load();
+}
+result<void> device::status() const {
+  return impl_->check_accepting();
+}
 
 std::optional<gpu_error> device::fault() const {
   if (health() != health_state::poisoned) return std::nullopt;
@@ -474,7 +487,9 @@ stream device::main_stream() const {
   return stream(std::move(st));
 }
 
-void device::stop() { impl_->stop(); }
+void device::stop() {
+  impl_->stop();
+}
 
 void device::add_health_observer(const std::shared_ptr<detail::device_impl>& impl,
                                  asio::any_completion_handler<void(health_state)> h) {
@@ -488,11 +503,11 @@ result<std::shared_ptr<detail::buffer_state>> device::allocate_state(std::size_t
   if (count == 0) return make_error(errc::invalid_argument, "allocate: count must be > 0");
   const std::size_t es = size_of(t);
   if (count > std::numeric_limits<std::size_t>::max() / es)
-    return make_error(errc::invalid_argument, "allocate: " + std::to_string(count) +
-                                                  " elements overflow the byte count");
+    return make_error(errc::invalid_argument,
+                      "allocate: " + std::to_string(count) + " elements overflow the byte count");
   if (!on || on.state()->owner != &d || !on.native_handle())
-    return make_error(errc::invalid_argument, "allocate: the stream is not one of device " +
-                                                  std::to_string(d.ordinal));
+    return make_error(errc::invalid_argument,
+                      "allocate: the stream is not one of device " + std::to_string(d.ordinal));
   if (auto st = d.make_current(); st != cudaSuccess) {
     auto e = classify(st, "cudaSetDevice");
     d.note_error(e);
@@ -525,8 +540,14 @@ result<std::shared_ptr<detail::pinned_block>> device::allocate_pinned_block(std:
 
 // ---------------------------------------------------------------- stream
 
-cudaStream_t stream::native_handle() const noexcept { return st_ ? st_->native : nullptr; }
-std::uint64_t stream::id() const noexcept { return st_ ? st_->id : 0; }
-device stream::get_device() const { return device(st_->owner->shared_from_this()); }
+cudaStream_t stream::native_handle() const noexcept {
+  return st_ ? st_->native : nullptr;
+}
+std::uint64_t stream::id() const noexcept {
+  return st_ ? st_->id : 0;
+}
+device stream::get_device() const {
+  return device(st_->owner->shared_from_this());
+}
 
 }  // namespace atomr::cuda

@@ -2,7 +2,9 @@
 
 namespace atomr::cuda::detail {
 
-pooled_event::~pooled_event() { pool_->give_back(ev_); }
+pooled_event::~pooled_event() {
+  pool_->give_back(ev_);
+}
 
 event_pool::~event_pool() {
   std::lock_guard lk(mu_);

@@ -51,7 +51,8 @@ result<void*> launch::access(const std::shared_ptr<detail::buffer_state>& st, bo
 }
 
 result<std::shared_ptr<detail::pooled_event>> launch::commit() {
-  BOOST_OUTCOME_TRY(auto ev, detail::record_event(*stream_.state()->owner, native_stream(), library_));
+  BOOST_OUTCOME_TRY(auto ev,
+                    detail::record_event(*stream_.state()->owner, native_stream(), library_));
   const auto id = stream_.id();
   for (auto& [st, write] : touched_) {
     std::lock_guard lk(st->mu);

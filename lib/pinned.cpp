@@ -4,7 +4,9 @@
 
 namespace atomr::cuda::detail {
 
-pinned_block::~pinned_block() { pool->give_back(data, bytes); }
+pinned_block::~pinned_block() {
+  pool->give_back(data, bytes);
+}
 
 pinned_pool::~pinned_pool() {
   if (abandoned_) return;

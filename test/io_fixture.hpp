@@ -20,7 +20,8 @@ struct io_fixture {
 
   /// Runs `aw` on the io_context until it (and everything it left behind) is
   /// done, and returns its value; rethrows its exception.
-  template <class T> T run(asio::awaitable<T> aw) {
+  template <class T>
+  T run(asio::awaitable<T> aw) {
     std::optional<T> out;
     std::exception_ptr err;
     // co_spawn's handler needs a default-constructible value; result<T> is not.

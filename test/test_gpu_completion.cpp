@@ -1,0 +1,197 @@
+// Completion strategies and run_kernel on a real GPU: real work with the
+// right numbers, timeouts and cancellation that stop only the waiting, and
+// keep-alives that outlive an abandoned wait until the kernel ends.
+#include "gpu_fixture.hpp"
+
+#include <boost/asio/bind_cancellation_slot.hpp>
+#include <boost/asio/cancellation_signal.hpp>
+#include <boost/asio/co_spawn.hpp>
+#include <boost/asio/detached.hpp>
+#include <boost/asio/experimental/awaitable_operators.hpp>
+
+#include <variant>
+
+using namespace atomr::cuda;
+using namespace atomr::cuda::test;
+using namespace std::chrono_literals;
+
+namespace {
+const completion all_strategies[] = {event_poll{}, host_fn{}, blocking_sync{}};
+
+constexpr int long_n = 4096;
+constexpr int long_repeat = 12;  // ~30 ms of FP32 gemm on an H200
+
+struct long_gemm : gpu_fixture {
+  stream s = dev.acquire_stream(stream_policy::per_actor_fresh).value();
+  blas_handle blas{s};
+  std::vector<float> av = random_floats(std::size_t{long_n} * long_n, 11);
+  std::vector<float> bv = random_floats(std::size_t{long_n} * long_n, 12);
+  gpu_ref<float> c = alloc<float>(std::size_t{long_n} * long_n);
+
+  /// After an abandoned wait: our own refs to the inputs are gone, yet the
+  /// parked keep-alive still holds them; scribbling over any memory the pool
+  /// might hand out again must not change the result; once the GPU is done the
+  /// keep-alive is released and C is right.
+  void check_abandoned_inputs_survive(std::uint64_t live_before_inputs) {
+    auto st = dev.statistics();
+    CHECK(st.parked == 1);
+    CHECK(st.live_buffers == live_before_inputs + 2);  // A and B, held only by the keep-alive
+    {
+      auto other = dev.acquire_stream(stream_policy::per_actor_fresh).value();
+      auto x = dev.allocate<float>(std::size_t{long_n} * long_n, other).value();
+      auto y = dev.allocate<float>(std::size_t{long_n} * long_n, other).value();
+      REQUIRE(run(fill_bytes(x, 0x7F, {.on = other})));
+      REQUIRE(run(fill_bytes(y, 0x7F, {.on = other})));
+    }
+    drain_parked();
+    st = dev.statistics();
+    CHECK(st.parked == 0);
+    CHECK(st.live_buffers == live_before_inputs);
+    auto out = download_floats(c);
+    CHECK(gemm_rel_error(av, bv, out, long_n, 256) < 1e-5);
+  }
+};
+}  // namespace
+
+TEST_CASE_FIXTURE(gpu_fixture, "each strategy completes a copy round trip and an sgemm correctly") {
+  constexpr int n = 256;
+  auto s = dev.acquire_stream().value();
+  blas_handle blas(s);
+  auto av = random_floats(n * n, 3);
+  auto bv = random_floats(n * n, 4);
+  for (const completion& how : all_strategies) {
+    CAPTURE(to_string(how.kind));
+    auto a = alloc<float>(n * n);
+    auto b = alloc<float>(n * n);
+    auto c = alloc<float>(n * n);
+    std::vector<float> cv(n * n), echo(n * n);
+    transfer_options o{.on = s, .how = how};
+    auto r = run([&]() -> asio::awaitable<result<void>> {
+      BOOST_OUTCOME_CO_TRY(co_await upload(std::span<const float>(av), a, o));
+      BOOST_OUTCOME_CO_TRY(co_await upload(std::span<const float>(bv), b, o));
+      BOOST_OUTCOME_CO_TRY(co_await download(a, std::span<float>(echo), o));
+      BOOST_OUTCOME_CO_TRY(co_await fill_bytes(c, 0xFF, o));  // NaN: stale output cannot pass
+      BOOST_OUTCOME_CO_TRY(auto out, co_await sgemm(blas, s, how, a, b, c, n));
+      co_return co_await download(out, std::span<float>(cv), o);
+    }());
+    REQUIRE_MESSAGE(r, (r ? "" : r.error().message()));
+    CHECK(echo == av);
+    CHECK(gemm_rel_error(av, bv, cv, n) < 1e-5);
+  }
+}
+
+TEST_CASE_FIXTURE(gpu_fixture, "async_wait with each strategy waits for the stream's work") {
+  auto s = dev.acquire_stream().value();
+  blas_handle blas(s);
+  constexpr int n = 2048;
+  auto av = random_floats(std::size_t{n} * n, 5);
+  auto a = upload_floats(av, s);
+  auto c = alloc<float>(std::size_t{n} * n);
+  for (const completion& how : all_strategies) {
+    CAPTURE(to_string(how.kind));
+    // Enqueue without waiting (a raw cuBLAS call on the stream), then wait.
+    const float one = 1, zero = 0;
+    REQUIRE(cublasSgemm(blas.h, CUBLAS_OP_N, CUBLAS_OP_N, n, n, n, &one, a.unsafe_data().value(), n,
+                        a.unsafe_data().value(), n, &zero, c.unsafe_data().value(),
+                        n) == CUBLAS_STATUS_SUCCESS);
+    auto r = run([&]() -> asio::awaitable<result<void>> {
+      co_return co_await how.async_wait(s, asio::use_awaitable);
+    }());
+    REQUIRE(r);
+    CHECK(cudaStreamQuery(s.native_handle()) == cudaSuccess);
+  }
+}
+
+TEST_CASE_FIXTURE(long_gemm, "a 1 us timeout on a long kernel yields timeout; inputs live on") {
+  for (const completion& base : all_strategies) {
+    CAPTURE(to_string(base.kind));
+    completion how = base;
+    how.timeout = 1us;
+    const auto live_before = dev.statistics().live_buffers;
+    auto a = upload_floats(av, s);
+    auto b = upload_floats(bv, s);
+    auto t0 = std::chrono::steady_clock::now();
+    auto r = run(sgemm(blas, s, how, std::move(a), std::move(b), c, long_n, long_repeat));
+    auto waited = std::chrono::steady_clock::now() - t0;
+    REQUIRE_FALSE(r);
+    CHECK(r.error().code() == errc::timeout);
+    CHECK(r.error().library() == "cublas");
+    CHECK(waited < 20ms);  // returned well before the kernel could have finished
+    CHECK(cudaStreamQuery(s.native_handle()) == cudaErrorNotReady);
+    check_abandoned_inputs_survive(live_before);
+  }
+}
+
+TEST_CASE_FIXTURE(long_gemm, "cancelling by awaitable_operators || a timer; inputs live on") {
+  using namespace asio::experimental::awaitable_operators;
+  for (const completion& how : all_strategies) {
+    CAPTURE(to_string(how.kind));
+    const auto live_before = dev.statistics().live_buffers;
+    auto a = upload_floats(av, s);
+    auto b = upload_floats(bv, s);
+    auto winner = run([&]() -> asio::awaitable<std::size_t> {
+      asio::steady_timer t(co_await asio::this_coro::executor, 1ms);
+      auto v = co_await (sgemm(blas, s, how, std::move(a), std::move(b), c, long_n, long_repeat) ||
+                         t.async_wait(asio::use_awaitable));
+      co_return v.index();
+    }());
+    CHECK(winner == 1);  // the timer won; the gemm's wait was cancelled
+    CHECK(cudaStreamQuery(s.native_handle()) == cudaErrorNotReady);
+    check_abandoned_inputs_survive(live_before);
+  }
+}
+
+TEST_CASE_FIXTURE(long_gemm, "per-operation cancellation yields cancelled") {
+  for (const completion& how : all_strategies) {
+    CAPTURE(to_string(how.kind));
+    const auto live_before = dev.statistics().live_buffers;
+    auto a = upload_floats(av, s);
+    auto b = upload_floats(bv, s);
+    asio::cancellation_signal sig;
+    std::optional<result<gpu_ref<float>>> got;
+    auto body = [&]() -> asio::awaitable<void> {
+      got.emplace(co_await sgemm(blas, s, how, std::move(a), std::move(b), c, long_n, long_repeat));
+    };
+    asio::co_spawn(ioc, body(), asio::bind_cancellation_slot(sig.slot(), asio::detached));
+    asio::steady_timer t(ioc, 1ms);
+    t.async_wait([&](boost::system::error_code) { sig.emit(asio::cancellation_type::terminal); });
+    ioc.restart();
+    ioc.run();
+    REQUIRE(got);
+    REQUIRE_FALSE(*got);
+    CHECK(got->error().code() == errc::cancelled);
+    check_abandoned_inputs_survive(live_before);
+  }
+}
+
+TEST_CASE_FIXTURE(long_gemm, "waiting never blocks the io_context thread") {
+  for (const completion& how : all_strategies) {
+    CAPTURE(to_string(how.kind));
+    auto a = upload_floats(av, s);
+    auto b = upload_floats(bv, s);
+    std::vector<std::chrono::steady_clock::time_point> ticks;
+    auto gemm_done = std::chrono::steady_clock::time_point{};
+    auto r = run([&]() -> asio::awaitable<result<void>> {
+      auto ex = co_await asio::this_coro::executor;
+      // A 1 ms ticker on the same single-threaded io_context keeps ticking while we wait.
+      asio::co_spawn(
+          ex,
+          [&]() -> asio::awaitable<void> {
+            asio::steady_timer t(co_await asio::this_coro::executor);
+            for (int i = 0; i < 10; ++i) {
+              t.expires_after(1ms);
+              co_await t.async_wait(asio::use_awaitable);
+              ticks.push_back(std::chrono::steady_clock::now());
+            }
+          },
+          asio::detached);
+      auto g = co_await sgemm(blas, s, how, a, b, c, long_n, long_repeat);
+      gemm_done = std::chrono::steady_clock::now();
+      if (!g) co_return g.error();
+      co_return outcome::success();
+    }());
+    REQUIRE(r);
+    REQUIRE(ticks.size() == 10);
+    CHECK(ticks[4] < gemm_done);  // the ticker ran while the gemm was being awaited
+  }
+}

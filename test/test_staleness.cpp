@@ -111,8 +111,8 @@ TEST_CASE_FIXTURE(fake_device, "run_kernel and waits on a poisoned device fail w
   CHECK(r.error().library() == "cufft");  // tagged with the library that was called
   CHECK(r.error().message().find("user kernel") != std::string::npos);
 
-  for (completion how : {completion(event_poll{}), completion(host_fn{}),
-                         completion(blocking_sync{})}) {
+  for (completion how :
+       {completion(event_poll{}), completion(host_fn{}), completion(blocking_sync{})}) {
     auto w = run([&]() -> asio::awaitable<result<void>> {
       co_return co_await how.async_wait(fake_stream(), asio::use_awaitable);
     }());
@@ -125,11 +125,10 @@ TEST_CASE_FIXTURE(fake_device, "a stale ref is refused by run_kernel before enqu
   auto out = ref(4);
   impl->generation++;  // as if the device had been rebuilt since the ref was made
   bool enqueued = false;
-  auto r = run(run_kernel("cublas", fake_stream(), event_poll{}, out,
-                          [&](launch&) -> result<int> {
-                            enqueued = true;
-                            return 0;
-                          }));
+  auto r = run(run_kernel("cublas", fake_stream(), event_poll{}, out, [&](launch&) -> result<int> {
+    enqueued = true;
+    return 0;
+  }));
   CHECK_FALSE(enqueued);
   REQUIRE_FALSE(r);
   CHECK(r.error().code() == errc::stale_ref);

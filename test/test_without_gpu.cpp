@@ -64,8 +64,8 @@ TEST_CASE_FIXTURE(io_fixture, "an unavailable device reports its state and refus
 
 TEST_CASE_FIXTURE(io_fixture, "every completion strategy yields device_unavailable") {
   device d(ioc.get_executor(), unusable_ordinal());
-  for (completion how : {completion(event_poll{}), completion(host_fn{}),
-                         completion(blocking_sync{})}) {
+  for (completion how :
+       {completion(event_poll{}), completion(host_fn{}), completion(blocking_sync{})}) {
     CAPTURE(to_string(how.kind));
     auto r = run([&]() -> asio::awaitable<result<void>> {
       co_return co_await how.async_wait(d.main_stream(), asio::use_awaitable);
@@ -96,11 +96,10 @@ TEST_CASE_FIXTURE(io_fixture, "every completion strategy yields device_unavailab
 TEST_CASE_FIXTURE(io_fixture, "run_kernel on an unavailable device never calls enqueue") {
   device d(ioc.get_executor(), unusable_ordinal());
   bool enqueued = false;
-  auto r = run(run_kernel("cublas", d.main_stream(), event_poll{}, 42,
-                          [&](launch&) -> result<int> {
-                            enqueued = true;
-                            return 0;
-                          }));
+  auto r = run(run_kernel("cublas", d.main_stream(), event_poll{}, 42, [&](launch&) -> result<int> {
+    enqueued = true;
+    return 0;
+  }));
   CHECK_FALSE(enqueued);
   REQUIRE_FALSE(r);
   CHECK(r.error().code() == errc::device_unavailable);

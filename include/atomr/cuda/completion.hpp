@@ -91,7 +91,8 @@ auto async_wait_event(const stream& s, std::shared_ptr<pooled_event> ev, const c
 }
 }  // namespace detail
 
-template <class Token> auto completion::async_wait(const stream& s, Token&& token) const {
+template <class Token>
+auto completion::async_wait(const stream& s, Token&& token) const {
   return detail::async_wait_event(s, nullptr, *this, "cuda", std::forward<Token>(token));
 }
 

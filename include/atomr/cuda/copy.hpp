@@ -36,8 +36,8 @@ result<std::pair<stream, completion>> resolve_transfer(const gpu_ref<T>& ref,
 inline result<void> same_size(std::string_view what, std::size_t src, std::size_t dst) {
   if (src == dst) return outcome::success();
   return make_error(errc::invalid_argument, std::string(what) + ": source has " +
-                                                std::to_string(src) +
-                                                " elements, destination " + std::to_string(dst));
+                                                std::to_string(src) + " elements, destination " +
+                                                std::to_string(dst));
 }
 
 inline result<void> memcpy_status(cudaError_t st) {
@@ -97,8 +97,10 @@ asio::awaitable<result<pinned_buffer<T>>> download(gpu_ref<T> src, pinned_buffer
 template <element T>
 asio::awaitable<result<void>> download(gpu_ref<T> src, std::span<T> dst, transfer_options o = {}) {
   BOOST_OUTCOME_CO_TRY(detail::same_size("download", src.size(), dst.size()));
+  if (!src.state()) co_return make_error(errc::invalid_argument, "download: empty gpu_ref");
   BOOST_OUTCOME_CO_TRY(auto staging, device(src.state()->dev).allocate_pinned<T>(src.size()));
-  BOOST_OUTCOME_CO_TRY(auto got, co_await download(std::move(src), std::move(staging), std::move(o)));
+  BOOST_OUTCOME_CO_TRY(auto got,
+                       co_await download(std::move(src), std::move(staging), std::move(o)));
   std::memcpy(static_cast<void*>(dst.data()), got.data(), dst.size_bytes());
   co_return outcome::success();
 }

@@ -19,8 +19,10 @@
 
 namespace atomr::cuda {
 
-template <element T> class gpu_ref;
-template <element T> class pinned_buffer;
+template <element T>
+class gpu_ref;
+template <element T>
+class pinned_buffer;
 
 /// The CUDA libraries a device lets actors use.
 struct library_set {
@@ -130,12 +132,15 @@ public:
   /// Allocates `count` elements from the device's stream-ordered pool
   /// (cudaMallocFromPoolAsync on `on`). The memory is usable at once by work
   /// on any stream; ordering is tracked per buffer. Does not wait.
-  template <element T> result<gpu_ref<T>> allocate(std::size_t count, const stream& on);
-  template <element T> result<gpu_ref<T>> allocate(std::size_t count);
+  template <element T>
+  result<gpu_ref<T>> allocate(std::size_t count, const stream& on);
+  template <element T>
+  result<gpu_ref<T>> allocate(std::size_t count);
 
   /// A pinned host buffer of `count` elements from the device's pool
   /// (cudaHostAlloc on a miss; this pins pages and can take milliseconds).
-  template <element T> result<pinned_buffer<T>> allocate_pinned(std::size_t count);
+  template <element T>
+  result<pinned_buffer<T>> allocate_pinned(std::size_t count);
 
   /// Stops the device: generation bump, waits fail with device_unavailable,
   /// later calls fail at once. Does not wait for the GPU.
@@ -147,8 +152,8 @@ public:
   auto async_wait_health_change(Token&& token = {}) {
     return asio::async_initiate<Token, void(health_state)>(
         [](auto handler, std::shared_ptr<detail::device_impl> impl) {
-          add_health_observer(impl, asio::any_completion_handler<void(health_state)>(
-                                        std::move(handler)));
+          add_health_observer(impl,
+                              asio::any_completion_handler<void(health_state)>(std::move(handler)));
         },
         token, impl_);
   }
@@ -160,7 +165,7 @@ private:
   static void add_health_observer(const std::shared_ptr<detail::device_impl>& impl,
                                   asio::any_completion_handler<void(health_state)> h);
   result<std::shared_ptr<detail::buffer_state>> allocate_state(std::size_t count, dtype t,
-                                                              const stream& on);
+                                                               const stream& on);
   result<std::shared_ptr<detail::pinned_block>> allocate_pinned_block(std::size_t bytes);
 
   std::shared_ptr<detail::device_impl> impl_;

@@ -34,22 +34,35 @@ enum class dtype : std::uint8_t {
 std::string_view to_string(dtype t) noexcept;
 
 namespace detail {
-template <class T> struct dtype_of_impl;
-template <> struct dtype_of_impl<float> : std::integral_constant<dtype, dtype::f32> {};
-template <> struct dtype_of_impl<double> : std::integral_constant<dtype, dtype::f64> {};
-template <> struct dtype_of_impl<half> : std::integral_constant<dtype, dtype::f16> {};
-template <> struct dtype_of_impl<bfloat16> : std::integral_constant<dtype, dtype::bf16> {};
-template <> struct dtype_of_impl<std::complex<float>> : std::integral_constant<dtype, dtype::c32> {};
+template <class T>
+struct dtype_of_impl;
+template <>
+struct dtype_of_impl<float> : std::integral_constant<dtype, dtype::f32> {};
+template <>
+struct dtype_of_impl<double> : std::integral_constant<dtype, dtype::f64> {};
+template <>
+struct dtype_of_impl<half> : std::integral_constant<dtype, dtype::f16> {};
+template <>
+struct dtype_of_impl<bfloat16> : std::integral_constant<dtype, dtype::bf16> {};
+template <>
+struct dtype_of_impl<std::complex<float>> : std::integral_constant<dtype, dtype::c32> {};
 template <>
 struct dtype_of_impl<std::complex<double>> : std::integral_constant<dtype, dtype::c64> {};
-template <> struct dtype_of_impl<std::int8_t> : std::integral_constant<dtype, dtype::i8> {};
-template <> struct dtype_of_impl<std::int32_t> : std::integral_constant<dtype, dtype::i32> {};
-template <> struct dtype_of_impl<std::int64_t> : std::integral_constant<dtype, dtype::i64> {};
-template <> struct dtype_of_impl<std::uint8_t> : std::integral_constant<dtype, dtype::u8> {};
-template <> struct dtype_of_impl<std::uint32_t> : std::integral_constant<dtype, dtype::u32> {};
-template <> struct dtype_of_impl<std::uint64_t> : std::integral_constant<dtype, dtype::u64> {};
+template <>
+struct dtype_of_impl<std::int8_t> : std::integral_constant<dtype, dtype::i8> {};
+template <>
+struct dtype_of_impl<std::int32_t> : std::integral_constant<dtype, dtype::i32> {};
+template <>
+struct dtype_of_impl<std::int64_t> : std::integral_constant<dtype, dtype::i64> {};
+template <>
+struct dtype_of_impl<std::uint8_t> : std::integral_constant<dtype, dtype::u8> {};
+template <>
+struct dtype_of_impl<std::uint32_t> : std::integral_constant<dtype, dtype::u32> {};
+template <>
+struct dtype_of_impl<std::uint64_t> : std::integral_constant<dtype, dtype::u64> {};
 
-template <class T, class = void> struct is_element : std::false_type {};
+template <class T, class = void>
+struct is_element : std::false_type {};
 template <class T>
 struct is_element<T, std::void_t<decltype(dtype_of_impl<T>::value)>> : std::true_type {};
 }  // namespace detail
@@ -59,7 +72,8 @@ template <class T>
 concept element = detail::is_element<T>::value;
 
 /// The runtime tag of T.
-template <element T> inline constexpr dtype dtype_of = detail::dtype_of_impl<T>::value;
+template <element T>
+inline constexpr dtype dtype_of = detail::dtype_of_impl<T>::value;
 
 /// Size in bytes of one element of type t.
 std::size_t size_of(dtype t) noexcept;

@@ -86,23 +86,27 @@ namespace detail {
 // Outcome policy: wide access to a missing value throws gpu_exception with
 // the stored error, so `.value()` reads like the message a user would log.
 struct throw_gpu_error : outcome::policy::base {
-  template <class Impl> static constexpr void wide_value_check(Impl&& self) {
+  template <class Impl>
+  static constexpr void wide_value_check(Impl&& self) {
     if (!base::_has_value(self)) {
       if (base::_has_error(self)) throw gpu_exception(base::_error(self));
       throw outcome::bad_result_access("result has no value");
     }
   }
-  template <class Impl> static constexpr void wide_error_check(Impl&& self) {
+  template <class Impl>
+  static constexpr void wide_error_check(Impl&& self) {
     if (!base::_has_error(self)) throw outcome::bad_result_access("result has no error");
   }
-  template <class Impl> static constexpr void wide_exception_check(Impl&& self) {
+  template <class Impl>
+  static constexpr void wide_exception_check(Impl&& self) {
     if (!base::_has_exception(self)) throw outcome::bad_result_access("result has no exception");
   }
 };
 }  // namespace detail
 
 /// The return type of every fallible operation.
-template <class T> using result = outcome::basic_result<T, gpu_error, detail::throw_gpu_error>;
+template <class T>
+using result = outcome::basic_result<T, gpu_error, detail::throw_gpu_error>;
 
 /// A failure detected by this library before any GPU call.
 gpu_error make_error(errc code, std::string message);

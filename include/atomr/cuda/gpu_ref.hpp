@@ -17,7 +17,8 @@ namespace atomr::cuda {
 /// uses it) is gone. Every use validates the generation: after a sticky
 /// fault or device stop the ref yields errc::stale_ref, never a dangling
 /// pointer. Thread-safe to copy and pass between threads.
-template <element T> class gpu_ref {
+template <element T>
+class gpu_ref {
 public:
   using value_type = T;
 
@@ -63,12 +64,14 @@ private:
   std::size_t count_ = 0;
 };
 
-template <element T> result<gpu_ref<T>> device::allocate(std::size_t count, const stream& on) {
+template <element T>
+result<gpu_ref<T>> device::allocate(std::size_t count, const stream& on) {
   BOOST_OUTCOME_TRY(auto st, allocate_state(count, dtype_of<T>, on));
   return gpu_ref<T>(std::move(st), 0, count);
 }
 
-template <element T> result<gpu_ref<T>> device::allocate(std::size_t count) {
+template <element T>
+result<gpu_ref<T>> device::allocate(std::size_t count) {
   return allocate<T>(count, main_stream());
 }
 

@@ -31,7 +31,8 @@ struct pinned_block {
 /// `size()` elements of pinned host memory. Copies share the block, which goes
 /// back to the device's pool (not to the OS) when the last copy drops it.
 /// Not synchronised: do not write it while a transfer reads it.
-template <element T> class pinned_buffer {
+template <element T>
+class pinned_buffer {
 public:
   pinned_buffer() = default;
   pinned_buffer(std::shared_ptr<detail::pinned_block> b, std::size_t count) noexcept
@@ -50,7 +51,8 @@ private:
   std::size_t count_ = 0;
 };
 
-template <element T> result<pinned_buffer<T>> device::allocate_pinned(std::size_t count) {
+template <element T>
+result<pinned_buffer<T>> device::allocate_pinned(std::size_t count) {
   if (count > static_cast<std::size_t>(-1) / sizeof(T))
     return make_error(errc::invalid_argument, "allocate_pinned: element count overflows");
   BOOST_OUTCOME_TRY(auto b, allocate_pinned_block(count * sizeof(T)));

@@ -37,12 +37,14 @@ public:
   std::string_view library() const noexcept { return library_; }
 
   /// Device pointer for reading `r` on this stream after its last write.
-  template <element T> result<const T*> read(const gpu_ref<T>& r) {
+  template <element T>
+  result<const T*> read(const gpu_ref<T>& r) {
     BOOST_OUTCOME_TRY(void* p, access(r.state(), false));
     return static_cast<const T*>(p) + r.offset();
   }
   /// Device pointer for writing `r` on this stream after its earlier reads and writes.
-  template <element T> result<T*> write(const gpu_ref<T>& r) {
+  template <element T>
+  result<T*> write(const gpu_ref<T>& r) {
     BOOST_OUTCOME_TRY(void* p, access(r.state(), true));
     return static_cast<T*>(p) + r.offset();
   }
@@ -71,11 +73,14 @@ private:
 };
 
 namespace detail {
-template <class T> struct is_gpu_ref : std::false_type {};
-template <class T> struct is_gpu_ref<gpu_ref<T>> : std::true_type {};
+template <class T>
+struct is_gpu_ref : std::false_type {};
+template <class T>
+struct is_gpu_ref<gpu_ref<T>> : std::true_type {};
 
 // Outputs that are gpu_refs (alone or in a tuple) are written by the kernel.
-template <class O> result<void> declare_output(launch& l, const O& out) {
+template <class O>
+result<void> declare_output(launch& l, const O& out) {
   if constexpr (is_gpu_ref<O>::value) {
     BOOST_OUTCOME_TRY(l.write(out));
   } else if constexpr (requires { std::tuple_size<O>::value; }) {
@@ -86,7 +91,8 @@ template <class O> result<void> declare_output(launch& l, const O& out) {
   return outcome::success();
 }
 
-template <class F> auto call_enqueue(F& f, launch& l) {
+template <class F>
+auto call_enqueue(F& f, launch& l) {
   using R = std::invoke_result_t<F&, launch&>;
   if constexpr (outcome::is_basic_result_v<R>) {
     return f(l);
