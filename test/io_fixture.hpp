@@ -28,7 +28,12 @@ struct io_fixture {
     auto store = [](asio::awaitable<T> a, std::optional<T>& o) -> asio::awaitable<void> {
       o.emplace(co_await std::move(a));
     };
-    asio::co_spawn(ioc, store(std::move(aw), out), [&](std::exception_ptr e) { err = e; });
+    // Stop as soon as the coroutine is done: work it abandoned (a parked
+    // keep-alive, a monitor tick) stays queued for the next run.
+    asio::co_spawn(ioc, store(std::move(aw), out), [&](std::exception_ptr e) {
+      err = e;
+      ioc.stop();
+    });
     ioc.restart();
     ioc.run();
     if (err) std::rethrow_exception(err);
@@ -42,6 +47,7 @@ struct io_fixture {
     asio::co_spawn(ioc, std::move(aw), [&](std::exception_ptr e) {
       err = e;
       done = true;
+      ioc.stop();
     });
     ioc.restart();
     ioc.run();

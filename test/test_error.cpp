@@ -330,7 +330,7 @@ TEST_CASE("CUDA: every cudaError_t enumerator") {
   for (const auto& r : cuda_rows) {
     INFO(r.name);
     CHECK(is_sticky(r.status) == (r.expected == errc::context_poisoned));
-    const std::string& m = classify(r.status, "someCall").message();
+    const std::string m = classify(r.status, "someCall").message();
     CHECK(contains(m, cudaGetErrorName(r.status)));
     CHECK(contains(m, cudaGetErrorString(r.status)));
   }
