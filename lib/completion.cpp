@@ -219,12 +219,11 @@ private:
     std::shared_ptr<wait_op> self = std::move(*static_cast<std::shared_ptr<wait_op>*>(p));
     delete static_cast<std::shared_ptr<wait_op>*>(p);
     auto* op = static_cast<host_fn_op*>(self.get());
-    if (!op->finish(outcome::success())) {
-      // Already finished (timeout, cancel): drop our reference off this
-      // CUDA thread, since the last release may call into CUDA.
-      auto ex = op->dev_->executor;
-      asio::post(ex, [self = std::move(self)] {});
-    }
+    op->finish(outcome::success());
+    // Never drop the last reference on this CUDA thread: releasing the op may
+    // call into CUDA (stream or device teardown), which a host function must not.
+    auto ex = op->dev_->executor;
+    asio::post(ex, [self = std::move(self)] {});
   }
 
   void before_deliver(result<void>& r) override {

@@ -17,6 +17,8 @@ namespace asio = boost::asio;
 
 struct io_fixture {
   asio::io_context ioc;
+  /// No test waits longer than this: a hang becomes a failure.
+  std::chrono::seconds limit{120};
 
   /// Runs `aw` on the io_context until it (and everything it left behind) is
   /// done, and returns its value; rethrows its exception.
@@ -35,9 +37,9 @@ struct io_fixture {
       ioc.stop();
     });
     ioc.restart();
-    ioc.run();
+    ioc.run_for(limit);
     if (err) std::rethrow_exception(err);
-    if (!out) throw std::logic_error("coroutine did not complete");
+    if (!out) throw std::logic_error("coroutine did not complete within the test's limit");
     return std::move(*out);
   }
 
@@ -50,9 +52,9 @@ struct io_fixture {
       ioc.stop();
     });
     ioc.restart();
-    ioc.run();
+    ioc.run_for(limit);
     if (err) std::rethrow_exception(err);
-    if (!done) throw std::logic_error("coroutine did not complete");
+    if (!done) throw std::logic_error("coroutine did not complete within the test's limit");
   }
 };
 

@@ -92,7 +92,7 @@ TEST_CASE_FIXTURE(gpu_fixture,
       },
       asio::detached);
   ioc.restart();
-  ioc.run();
+  ioc.run_for(limit);
   REQUIRE(wrote);
   REQUIRE(read);
   REQUIRE(*wrote);
@@ -139,8 +139,8 @@ TEST_CASE_FIXTURE(gpu_fixture, "1000 concurrent coroutines each round-trip their
   ioc.restart();
   // Four io threads: the library must be safe when coroutines resume anywhere.
   std::vector<std::thread> pool;
-  for (int t = 0; t < 3; ++t) pool.emplace_back([&] { ioc.run(); });
-  ioc.run();
+  for (int t = 0; t < 3; ++t) pool.emplace_back([&] { ioc.run_for(limit); });
+  ioc.run_for(limit);
   for (auto& t : pool) t.join();
   CHECK(ok == coroutines);
   CHECK(bad == 0);
