@@ -7,7 +7,9 @@
 #include <boost/asio/append.hpp>
 #include <boost/asio/bind_executor.hpp>
 #include <boost/asio/dispatch.hpp>
+#include <boost/asio/execution/context.hpp>
 #include <boost/asio/post.hpp>
+#include <boost/asio/query.hpp>
 
 #include <algorithm>
 #include <limits>
@@ -39,6 +41,33 @@ void post_to(const asio::any_io_executor& via, Handler h, Arg a) {
     asio::dispatch(ex, asio::append(std::move(h), std::move(a)));
   });
 }
+
+// Ties device states to the lifetime of their executor's execution context
+// (Asio calls shutdown() when the context is destroyed).
+class device_service : public asio::execution_context::service {
+public:
+  using key_type = device_service;
+  static asio::execution_context::id id;
+  explicit device_service(asio::execution_context& ctx) : service(ctx) {}
+  void add(std::weak_ptr<device_impl> d) {
+    std::lock_guard lk(mu_);
+    devices_.push_back(std::move(d));
+  }
+  void shutdown() override {
+    std::vector<std::weak_ptr<device_impl>> all;
+    {
+      std::lock_guard lk(mu_);
+      all.swap(devices_);
+    }
+    for (auto& w : all)
+      if (auto d = w.lock()) d->on_context_shutdown();
+  }
+
+private:
+  std::mutex mu_;
+  std::vector<std::weak_ptr<device_impl>> devices_;
+};
+asio::execution_context::id device_service::id;
 
 constexpr auto fault_tick = std::chrono::milliseconds(2);
 constexpr auto idle_tick = std::chrono::milliseconds(10);
@@ -189,6 +218,23 @@ void device_impl::set_health(health_state, health_state to) {
   });
 }
 
+void device_impl::on_context_shutdown() {
+  {
+    std::lock_guard lk(registry_mu);
+    auto it = registry().find(ordinal);
+    if (it != registry().end() && it->second.lock().get() == this) registry().erase(it);
+  }
+  const bool alive = health.load() != health_state::poisoned;
+  if (alive) make_current();
+  for (auto& p : parked_)
+    if (alive && p.done) cudaEventSynchronize(p.done->native_handle());
+  parked_count -= parked_.size();
+  parked_.clear();
+  watched_.clear();
+  std::lock_guard lk(mu_);
+  observers_.clear();
+}
+
 void device_impl::add_observer(asio::any_completion_handler<void(health_state)> h) {
   std::unique_lock lk(mu_);
   auto now = health.load();
@@ -254,7 +300,7 @@ result<stream> device_impl::acquire_stream(stream_policy p, std::string_view own
 // ---------------------------------------------------------------- monitor
 
 void device_impl::watch(std::shared_ptr<watched_wait> w) {
-  asio::post(strand_, [self = shared_from_this(), w = std::move(w)]() mutable {
+  asio::post(strand_, [self = shared_from_this(), w = std::weak_ptr<watched_wait>(w)]() mutable {
     self->watched_.push_back(std::move(w));
     self->arm_monitor();
   });
@@ -274,7 +320,9 @@ void device_impl::arm_monitor() {
   const auto now = clock::now();
   bool fast = !parked_.empty();
   auto next = clock::time_point::max();
-  for (auto& w : watched_) {
+  for (auto& weak : watched_) {
+    auto w = weak.lock();
+    if (!w) continue;
     fast = fast || w->polls_for_faults();
     next = std::min(next, w->deadline());
   }
@@ -294,7 +342,10 @@ void device_impl::arm_monitor() {
 
 void device_impl::on_monitor_tick() {
   const auto now = clock::now();
-  std::erase_if(watched_, [&](auto& w) { return w->on_tick(now); });
+  std::erase_if(watched_, [&](auto& weak) {
+    auto w = weak.lock();
+    return !w || w->on_tick(now);
+  });
   if (parked_.empty()) return;
   const bool dead = health.load() == health_state::poisoned;
   if (!dead) make_current();
@@ -419,6 +470,7 @@ device::device(const executor_type& ex, int ordinal, const device_options& optio
   impl_ = std::make_shared<detail::device_impl>(ex, ordinal, options);
   impl_->init();
   slot = impl_;
+  asio::use_service<detail::device_service>(asio::query(ex, asio::execution::context)).add(impl_);
 }
 
 result<device> device::open(const executor_type& ex, int ordinal, const device_options& options) {

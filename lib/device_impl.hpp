@@ -124,6 +124,12 @@ public:
   // --- health observers ---
   void add_observer(asio::any_completion_handler<void(health_state)> h);
 
+  /// The executor's execution context is being destroyed: wait for parked
+  /// work (teardown may block), then drop every list that could keep this
+  /// state alive through a cycle (parked keep-alives hold buffers, which hold
+  /// the device). Called by the context's device service, no io thread running.
+  void on_context_shutdown();
+
 private:
   void set_health(health_state from, health_state to);
   void arm_monitor();  // on strand
@@ -140,7 +146,7 @@ private:
   asio::steady_timer monitor_timer_;
   bool monitor_armed_ = false;                          // on strand
   clock::time_point monitor_at_{};                      // on strand
-  std::vector<std::shared_ptr<watched_wait>> watched_;  // on strand
+  std::vector<std::weak_ptr<watched_wait>> watched_;  // on strand; ops own themselves
   std::vector<parked_work> parked_;                     // on strand
 
   std::mutex bmu_;
