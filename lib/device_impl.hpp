@@ -144,10 +144,10 @@ private:
 
   asio::strand<asio::any_io_executor> strand_;
   asio::steady_timer monitor_timer_;
-  bool monitor_armed_ = false;                          // on strand
-  clock::time_point monitor_at_{};                      // on strand
+  bool monitor_armed_ = false;                        // on strand
+  clock::time_point monitor_at_{};                    // on strand
   std::vector<std::weak_ptr<watched_wait>> watched_;  // on strand; ops own themselves
-  std::vector<parked_work> parked_;                     // on strand
+  std::vector<parked_work> parked_;                   // on strand
 
   std::mutex bmu_;
   std::condition_variable bcv_;

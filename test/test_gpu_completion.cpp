@@ -102,8 +102,8 @@ TEST_CASE_FIXTURE(gpu_fixture, "async_wait with each strategy waits for the stre
     // sync): only a wait that really covered the gemm makes it right. (With
     // host_fn the stream itself is still busy with the host function.)
     std::vector<float> cv(std::size_t{n} * n);
-    REQUIRE(cudaMemcpy(cv.data(), c.unsafe_data().value(), cv.size() * 4,
-                       cudaMemcpyDeviceToHost) == cudaSuccess);
+    REQUIRE(cudaMemcpy(cv.data(), c.unsafe_data().value(), cv.size() * 4, cudaMemcpyDeviceToHost) ==
+            cudaSuccess);
     CHECK(gemm_rel_error(av, av, cv, n, 256) < 1e-5);
     REQUIRE(run(fill_bytes(c, 0xFF, {.on = s})));  // NaN before the next strategy
   }

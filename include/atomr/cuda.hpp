@@ -10,3 +10,4 @@
 #include <atomr/cuda/pinned.hpp>
 #include <atomr/cuda/run_kernel.hpp>
 #include <atomr/cuda/stream.hpp>
+#include <atomr/cuda/supervision.hpp>
