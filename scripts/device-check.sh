@@ -17,8 +17,10 @@ echo "meson test rc=$?"
 grep -E "^ *[0-9]+/[0-9]+ |^(Ok|Fail|Skipped|Timeout): |test cases:|assertions:|ERROR:|values:|logged:|THREW|CRASHED" "$out/test.log" | head -60
 "$build"/samples/atomr-device-info --mib 64 --reps 5 >"$out/sample.log" 2>&1; echo "sample rc=$?"
 tail -22 "$out/sample.log"
+# API errors are not counted: the tests provoke some on purpose (out of memory,
+# invalid launch) and assert them themselves; memcheck's job here is memory.
 if [ "${SANITIZE:-1}" = 1 ]; then
-  timeout "${SANITIZE_TIMEOUT:-200}" compute-sanitizer --tool memcheck --error-exitcode 99 \
+  timeout "${SANITIZE_TIMEOUT:-200}" compute-sanitizer --tool memcheck --report-api-errors no --error-exitcode 99 \
     "$build"/test/atomr_gpu_tests ${SANITIZE_ARGS:-} >"$out/sanitizer.log" 2>&1
   echo "sanitizer rc=$?"
   grep -E "ERROR SUMMARY|test cases:|assertions:|ERROR:|CRASHED|THREW" "$out/sanitizer.log" | head -20

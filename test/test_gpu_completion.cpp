@@ -114,6 +114,7 @@ TEST_CASE_FIXTURE(long_gemm, "a 1 us timeout on a long kernel yields timeout; in
     CAPTURE(to_string(base.kind));
     completion how = base;
     how.timeout = 1us;
+    REQUIRE(run(fill_bytes(c, 0xFF, {.on = s})));  // NaN: only this run's gemm can pass
     const auto live_before = dev.statistics().live_buffers;
     auto a = upload_floats(av, s);
     auto b = upload_floats(bv, s);
@@ -133,6 +134,7 @@ TEST_CASE_FIXTURE(long_gemm, "cancelling by awaitable_operators || a timer; inpu
   using namespace asio::experimental::awaitable_operators;
   for (const completion& how : all_strategies) {
     CAPTURE(to_string(how.kind));
+    REQUIRE(run(fill_bytes(c, 0xFF, {.on = s})));  // NaN: only this run's gemm can pass
     const auto live_before = dev.statistics().live_buffers;
     auto a = upload_floats(av, s);
     auto b = upload_floats(bv, s);
@@ -151,6 +153,7 @@ TEST_CASE_FIXTURE(long_gemm, "cancelling by awaitable_operators || a timer; inpu
 TEST_CASE_FIXTURE(long_gemm, "per-operation cancellation yields cancelled") {
   for (const completion& how : all_strategies) {
     CAPTURE(to_string(how.kind));
+    REQUIRE(run(fill_bytes(c, 0xFF, {.on = s})));  // NaN: only this run's gemm can pass
     const auto live_before = dev.statistics().live_buffers;
     auto a = upload_floats(av, s);
     auto b = upload_floats(bv, s);

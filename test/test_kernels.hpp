@@ -21,9 +21,14 @@ public:
 extern "C" __global__ void atomr_write_to(unsigned long long addr, int value) {
   *reinterpret_cast<volatile int*>(addr) = value;
 }
-extern "C" __global__ void atomr_spin(long long cycles, int* done) {
-  long long start = clock64();
-  while (clock64() - start < cycles) {}
+__device__ unsigned long long atomr_now_ns() {
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+extern "C" __global__ void atomr_spin(unsigned long long ns, int* done) {
+  unsigned long long start = atomr_now_ns();
+  while (atomr_now_ns() - start < ns) {}
   if (done && threadIdx.x == 0 && blockIdx.x == 0) *done = 1;
 }
 )";
@@ -31,7 +36,6 @@ extern "C" __global__ void atomr_spin(long long cycles, int* done) {
     cudaGetDevice(&dev);
     cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
     cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev);
-    cudaDeviceGetAttribute(&clock_khz_, cudaDevAttrClockRate, dev);
     nvrtcProgram prog;
     check(nvrtcCreateProgram(&prog, src, "atomr_test_kernels.cu", 0, nullptr, nullptr));
     std::string arch = "--gpu-architecture=sm_" + std::to_string(major * 10 + minor);
@@ -62,10 +66,11 @@ extern "C" __global__ void atomr_spin(long long cycles, int* done) {
     return cudaLaunchKernel(reinterpret_cast<const void*>(write_to_), dim3(1), block, args, 0, s);
   }
 
-  /// Enqueues a kernel that spins for about `ms` milliseconds.
+  /// Enqueues a kernel that spins for `ms` milliseconds of wall time
+  /// (%globaltimer, so independent of clock rates).
   cudaError_t spin(cudaStream_t s, double ms, int* done = nullptr) const {
-    long long cycles = static_cast<long long>(ms * clock_khz_);
-    void* args[] = {&cycles, &done};
+    auto ns = static_cast<unsigned long long>(ms * 1e6);
+    void* args[] = {&ns, &done};
     return cudaLaunchKernel(reinterpret_cast<const void*>(spin_), dim3(1), dim3(32), args, 0, s);
   }
 
@@ -80,7 +85,6 @@ private:
   cudaLibrary_t lib_ = nullptr;
   cudaKernel_t write_to_ = nullptr;
   cudaKernel_t spin_ = nullptr;
-  int clock_khz_ = 1'000'000;
 };
 
 }  // namespace atomr::cuda::test
