@@ -305,10 +305,15 @@ errc classify_code(cublasStatus_t status) noexcept {
 gpu_error classify(cublasStatus_t status, std::string_view context) {
   const errc code = classify_code(status);
   const int n = static_cast<int>(status);
+#if ATOMR_CUDA_HAS_CUBLAS
+  const std::string_view name = or_unknown(cublasGetStatusName(status));
+  const std::string_view text = or_unknown(cublasGetStatusString(status));
+#else  // built without cuBLAS: only the header's enum is known
+  const std::string_view name = "CUBLAS_STATUS";
+  const std::string_view text = "cuBLAS status (library not linked)";
+#endif
   return gpu_error(code, k_cublas, n,
-                   format_status_message(k_cublas, context, code != errc::ok,
-                                         or_unknown(cublasGetStatusName(status)), n,
-                                         or_unknown(cublasGetStatusString(status))));
+                   format_status_message(k_cublas, context, code != errc::ok, name, n, text));
 }
 
 // ---------------------------------------------------------------------------------------------
