@@ -1,0 +1,223 @@
+// blas_actor: cuBLAS behind an actor. One handle bound once to one stream;
+// every argument checked before any library call; every operation an awaitable.
+#pragma once
+
+#include <atomr/cuda/completion.hpp>
+#include <atomr/cuda/device.hpp>
+#include <atomr/cuda/element.hpp>
+#include <atomr/cuda/error.hpp>
+#include <atomr/cuda/gpu_ref.hpp>
+#include <atomr/cuda/stream.hpp>
+
+#include <boost/asio/awaitable.hpp>
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string_view>
+
+namespace atomr::cuda {
+
+/// op(X) of BLAS: X itself or its transpose. Matrices are column-major, as in cuBLAS.
+enum class blas_op : std::uint8_t {
+  n,  ///< op(X) = X
+  t,  ///< op(X) = X^T
+};
+
+/// Settings of one blas_actor.
+struct blas_options {
+  /// How the actor's one stream is chosen; default: the device's policy.
+  std::optional<stream_policy> streams{};
+  /// TF32 tensor-core math for f32 (CUBLAS_TF32_TENSOR_OP_MATH). Off: pedantic
+  /// math (CUBLAS_PEDANTIC_MATH), so f32 results are exact to ~1e-6.
+  bool tf32 = false;
+  /// How operations wait for the GPU; default: the device's default completion.
+  std::optional<completion> how{};
+};
+
+/// C = alpha * op(A) * op(B) + beta * C, with op(A) m x k, op(B) k x n, C m x n.
+/// A leading dimension of 0 means tight: the number of rows of the stored matrix.
+/// alpha and beta are converted to the compute type (f32 for f32, f16 and bf16).
+struct gemm_params {
+  blas_op transa = blas_op::n;
+  blas_op transb = blas_op::n;
+  std::int64_t m = 0, n = 0, k = 0;
+  std::int64_t lda = 0, ldb = 0, ldc = 0;
+  double alpha = 1.0;
+  double beta = 0.0;
+};
+
+/// A stride of batch_params meaning tight: ld * (columns of the stored matrix).
+inline constexpr std::int64_t tight_stride = -1;
+
+/// Strided batches: matrix i of A starts at element i * stride_a of the buffer.
+/// Strides of A and B may be 0 (the same matrix for every batch); C's must
+/// keep the batches of C apart.
+struct batch_params {
+  std::int64_t count = 1;
+  std::int64_t stride_a = tight_stride;
+  std::int64_t stride_b = tight_stride;
+  std::int64_t stride_c = tight_stride;
+};
+
+/// y = alpha * op(A) * x + beta * y, with A stored m x n (before op).
+struct gemv_params {
+  blas_op trans = blas_op::n;
+  std::int64_t m = 0, n = 0;
+  std::int64_t lda = 0;  ///< 0: tight (m)
+  std::int64_t incx = 1, incy = 1;
+  double alpha = 1.0;
+  double beta = 0.0;
+};
+
+namespace detail {
+
+struct blas_state;
+
+// Pure argument checks (no GPU): each returns the values cuBLAS gets, or
+// invalid_argument naming the operation and the bad argument. Sizes are the
+// element counts of the buffers passed.
+
+struct gemm_plan {
+  int m = 0, n = 0, k = 0;
+  int lda = 0, ldb = 0, ldc = 0;
+  std::size_t a_elems = 0, b_elems = 0, c_elems = 0;  ///< elements each matrix spans
+};
+result<gemm_plan> check_gemm(const gemm_params& p, std::size_t a_size, std::size_t b_size,
+                             std::size_t c_size, std::string_view op = "gemm");
+
+struct gemm_batched_plan {
+  gemm_plan g;  ///< a_elems... are the spans of all batches
+  int count = 0;
+  long long stride_a = 0, stride_b = 0, stride_c = 0;
+};
+result<gemm_batched_plan> check_gemm_batched(const gemm_params& p, const batch_params& b,
+                                             std::size_t a_size, std::size_t b_size,
+                                             std::size_t c_size);
+
+struct gemv_plan {
+  int m = 0, n = 0, lda = 0, incx = 0, incy = 0;
+  std::size_t a_elems = 0, x_elems = 0, y_elems = 0;
+};
+result<gemv_plan> check_gemv(const gemv_params& p, std::size_t a_size, std::size_t x_size,
+                             std::size_t y_size);
+
+struct level1_plan {
+  int n = 0, incx = 0, incy = 0;
+  std::size_t x_elems = 0, y_elems = 0;
+};
+/// axpy and dot: incx, incy != 0 (negative: traversed backwards, as in BLAS).
+result<level1_plan> check_axpy(std::int64_t n, std::int64_t incx, std::size_t x_size,
+                               std::int64_t incy, std::size_t y_size);
+result<level1_plan> check_dot(std::int64_t n, std::int64_t incx, std::size_t x_size,
+                              std::int64_t incy, std::size_t y_size);
+/// scal, nrm2, asum, iamax: incx > 0 (BLAS does nothing otherwise); n >= min_n.
+result<level1_plan> check_vector_op(std::string_view op, std::int64_t n, std::int64_t incx,
+                                    std::size_t x_size, std::int64_t min_n = 0);
+
+/// The output range [out_begin, out_begin + out_count) of one allocation must not
+/// overlap the input range of the same allocation.
+result<void> check_disjoint(std::string_view op, std::string_view out, std::size_t out_begin,
+                            std::size_t out_count, std::string_view in, std::size_t in_begin,
+                            std::size_t in_count);
+
+}  // namespace detail
+
+/// cuBLAS on one device: one handle, bound once to one stream (by the stream
+/// policy) in host pointer mode. A copyable handle: copies share the cuBLAS
+/// handle. Operations may be awaited from any number of threads; enqueues are
+/// serialised by a mutex held only during the synchronous cuBLAS calls, never
+/// while the GPU runs. Every operation checks its arguments before any GPU
+/// call (invalid_argument naming the argument) and fails fast with the
+/// device's error once it no longer accepts work. Buffers are taken by value
+/// and kept alive until the GPU is done with them.
+///
+/// The handle is destroyed (cublasDestroy, which synchronises the device)
+/// with the last copy and the last operation in flight; never once the
+/// device is poisoned.
+class blas_actor {
+public:
+  /// device_unavailable without a usable device; not_supported when the device's
+  /// library_set disables cuBLAS; the cuBLAS error of cublasCreate otherwise.
+  static result<blas_actor> create(device dev, blas_options options = {});
+
+  const device& get_device() const noexcept;
+  const stream& get_stream() const noexcept;
+  const completion& get_completion() const noexcept;
+  bool tf32() const noexcept;
+  /// Switches TF32 math for later f32 operations (no GPU work).
+  result<void> set_tf32(bool on);
+
+  // Each yields its output buffer (C or y or x) once the GPU has finished.
+  asio::awaitable<result<gpu_ref<float>>> gemm(gemm_params p, gpu_ref<float> a, gpu_ref<float> b,
+                                               gpu_ref<float> c) const;
+  asio::awaitable<result<gpu_ref<double>>> gemm(gemm_params p, gpu_ref<double> a, gpu_ref<double> b,
+                                                gpu_ref<double> c) const;
+  asio::awaitable<result<gpu_ref<half>>> gemm(gemm_params p, gpu_ref<half> a, gpu_ref<half> b,
+                                              gpu_ref<half> c) const;
+  asio::awaitable<result<gpu_ref<bfloat16>>> gemm(gemm_params p, gpu_ref<bfloat16> a,
+                                                  gpu_ref<bfloat16> b, gpu_ref<bfloat16> c) const;
+
+  asio::awaitable<result<gpu_ref<float>>> gemm_strided_batched(gemm_params p, batch_params b,
+                                                               gpu_ref<float> a, gpu_ref<float> bm,
+                                                               gpu_ref<float> c) const;
+  asio::awaitable<result<gpu_ref<double>>> gemm_strided_batched(gemm_params p, batch_params b,
+                                                                gpu_ref<double> a,
+                                                                gpu_ref<double> bm,
+                                                                gpu_ref<double> c) const;
+  asio::awaitable<result<gpu_ref<half>>> gemm_strided_batched(gemm_params p, batch_params b,
+                                                              gpu_ref<half> a, gpu_ref<half> bm,
+                                                              gpu_ref<half> c) const;
+  asio::awaitable<result<gpu_ref<bfloat16>>> gemm_strided_batched(gemm_params p, batch_params b,
+                                                                  gpu_ref<bfloat16> a,
+                                                                  gpu_ref<bfloat16> bm,
+                                                                  gpu_ref<bfloat16> c) const;
+
+  asio::awaitable<result<gpu_ref<float>>> gemv(gemv_params p, gpu_ref<float> a, gpu_ref<float> x,
+                                               gpu_ref<float> y) const;
+  asio::awaitable<result<gpu_ref<double>>> gemv(gemv_params p, gpu_ref<double> a, gpu_ref<double> x,
+                                                gpu_ref<double> y) const;
+
+  /// y = alpha * x + y over n elements; yields y.
+  asio::awaitable<result<gpu_ref<float>>> axpy(std::int64_t n, double alpha, gpu_ref<float> x,
+                                               gpu_ref<float> y, std::int64_t incx = 1,
+                                               std::int64_t incy = 1) const;
+  asio::awaitable<result<gpu_ref<double>>> axpy(std::int64_t n, double alpha, gpu_ref<double> x,
+                                                gpu_ref<double> y, std::int64_t incx = 1,
+                                                std::int64_t incy = 1) const;
+  /// x = alpha * x over n elements; yields x.
+  asio::awaitable<result<gpu_ref<float>>> scal(std::int64_t n, double alpha, gpu_ref<float> x,
+                                               std::int64_t incx = 1) const;
+  asio::awaitable<result<gpu_ref<double>>> scal(std::int64_t n, double alpha, gpu_ref<double> x,
+                                                std::int64_t incx = 1) const;
+
+  // Reductions yield the scalar itself (computed in device pointer mode and
+  // copied back by DMA in the same operation: the io thread never blocks).
+  asio::awaitable<result<float>> dot(std::int64_t n, gpu_ref<float> x, gpu_ref<float> y,
+                                     std::int64_t incx = 1, std::int64_t incy = 1) const;
+  asio::awaitable<result<double>> dot(std::int64_t n, gpu_ref<double> x, gpu_ref<double> y,
+                                      std::int64_t incx = 1, std::int64_t incy = 1) const;
+  asio::awaitable<result<float>> nrm2(std::int64_t n, gpu_ref<float> x,
+                                      std::int64_t incx = 1) const;
+  asio::awaitable<result<double>> nrm2(std::int64_t n, gpu_ref<double> x,
+                                       std::int64_t incx = 1) const;
+  asio::awaitable<result<float>> asum(std::int64_t n, gpu_ref<float> x,
+                                      std::int64_t incx = 1) const;
+  asio::awaitable<result<double>> asum(std::int64_t n, gpu_ref<double> x,
+                                       std::int64_t incx = 1) const;
+  /// The 0-based index i (element x[i * incx]) of the first largest |x_i|; n >= 1.
+  /// (cuBLAS counts from 1; this converts.)
+  asio::awaitable<result<std::int64_t>> iamax(std::int64_t n, gpu_ref<float> x,
+                                              std::int64_t incx = 1) const;
+  asio::awaitable<result<std::int64_t>> iamax(std::int64_t n, gpu_ref<double> x,
+                                              std::int64_t incx = 1) const;
+
+  const std::shared_ptr<detail::blas_state>& state() const noexcept { return st_; }
+
+private:
+  explicit blas_actor(std::shared_ptr<detail::blas_state> st) noexcept : st_(std::move(st)) {}
+  std::shared_ptr<detail::blas_state> st_;
+};
+
+}  // namespace atomr::cuda

@@ -1,0 +1,279 @@
+// fft_actor: cuFFT transforms (C2C/Z2Z, R2C/D2Z, C2R/Z2D; rank 1-3, batched)
+// as awaitables, with a bounded LRU cache of plans.
+#pragma once
+
+#include <atomr/cuda/completion.hpp>
+#include <atomr/cuda/detail/actor_core.hpp>
+#include <atomr/cuda/device.hpp>
+#include <atomr/cuda/error.hpp>
+#include <atomr/cuda/gpu_ref.hpp>
+#include <atomr/cuda/stream.hpp>
+
+#include <boost/asio/awaitable.hpp>
+
+#include <array>
+#include <complex>
+#include <cstddef>
+#include <cstdint>
+#include <list>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <utility>
+
+namespace atomr::cuda {
+
+/// The sign of the exponent: forward is e^{-2 pi i jk/N}, inverse e^{+2 pi i jk/N}.
+enum class fft_direction : std::uint8_t {
+  forward,  ///< CUFFT_FORWARD
+  inverse,  ///< CUFFT_INVERSE
+};
+
+std::string_view to_string(fft_direction d) noexcept;
+
+/// The transform: a plain value, so that it can cross a process boundary.
+///
+/// Layout: dims[0..rank) in row-major order as cuFFT's n[] (dims[rank-1] is
+/// contiguous); the `batch` transforms are packed one after the other with no
+/// padding. Entries of `dims` at and beyond `rank` are ignored. For R2C the
+/// complex side holds dims[rank-1]/2 + 1 elements in the last dimension (the
+/// non-redundant half), for C2R likewise on its input.
+struct fft_shape {
+  int rank = 1;                            ///< 1, 2 or 3
+  std::array<long long, 3> dims{1, 1, 1};  ///< the transform size, dims[0] slowest
+  long long batch = 1;                     ///< number of transforms, > 0
+  /// c2c: either; r2c must be forward and c2r inverse (checked, so that a
+  /// shape written for one direction is not silently run in the other).
+  fft_direction direction = fft_direction::forward;
+  /// Scale the output of this transform by 1/N, N = dims[0]*...*dims[rank-1]
+  /// (cuFFT itself never normalises). The usual choice is to set it on the
+  /// inverse, so that inverse(forward(x)) == x; it applies to whichever
+  /// direction is asked for. Done on the GPU by cuBLAS (?scal on the actor's
+  /// stream, right after the transform); not_supported if cuBLAS is not linked.
+  bool normalize = false;
+};
+
+/// How an fft_actor is created.
+struct fft_options {
+  /// The stream policy for the actor's one stream (owner name "cufft");
+  /// the device's default policy when empty.
+  std::optional<stream_policy> streams{};
+  /// Completion strategy for every operation; the device's default when empty.
+  std::optional<completion> how{};
+  /// Plans kept (each with its workspace); at least 1. The least recently
+  /// used plan is evicted beyond it (it lives on until its last exec ends).
+  std::size_t plan_cache_size = 16;
+};
+
+/// A snapshot of an actor's plan cache.
+struct fft_statistics {
+  std::uint64_t plan_hits = 0;       ///< executions that found their plan cached
+  std::uint64_t plan_misses = 0;     ///< executions that had to create a plan
+  std::uint64_t plan_evictions = 0;  ///< plans dropped from the cache (LRU)
+  std::size_t plans_cached = 0;
+  std::size_t plan_cache_size = 0;  ///< the bound
+};
+
+namespace detail {
+
+/// A bounded least-recently-used map with hit, miss and eviction counts.
+/// Not thread-safe (fft_actor guards it with its enqueue lock). Key needs
+/// operator<. An evicted Value is destroyed by the cache (so a shared_ptr
+/// Value lives on in whoever else holds it).
+template <class Key, class Value>
+class lru {
+public:
+  /// `capacity` >= 1 (0 is treated as 1).
+  explicit lru(std::size_t capacity) : capacity_(capacity == 0 ? 1 : capacity) {}
+
+  /// The value for `k`, now most recently used, or nullptr; counts a hit or a miss.
+  Value* find(const Key& k) {
+    auto it = index_.find(k);
+    if (it == index_.end()) {
+      ++misses_;
+      return nullptr;
+    }
+    ++hits_;
+    items_.splice(items_.begin(), items_, it->second);
+    return &it->second->second;
+  }
+
+  /// Inserts (or replaces) `k` as the most recently used entry, evicting the
+  /// least recently used ones beyond the capacity. Does not count a hit or miss.
+  Value& insert(Key k, Value v) {
+    if (auto it = index_.find(k); it != index_.end()) {
+      it->second->second = std::move(v);
+      items_.splice(items_.begin(), items_, it->second);
+      return it->second->second;
+    }
+    items_.emplace_front(std::move(k), std::move(v));
+    index_.emplace(items_.front().first, items_.begin());
+    while (items_.size() > capacity_) {
+      index_.erase(items_.back().first);
+      items_.pop_back();
+      ++evictions_;
+    }
+    return items_.front().second;
+  }
+
+  /// True if `k` is cached; no counting, no reordering.
+  bool contains(const Key& k) const { return index_.count(k) != 0; }
+  /// Drops every entry (counts stay).
+  void clear() {
+    index_.clear();
+    items_.clear();
+  }
+
+  std::size_t size() const noexcept { return items_.size(); }
+  std::size_t capacity() const noexcept { return capacity_; }
+  std::uint64_t hits() const noexcept { return hits_; }
+  std::uint64_t misses() const noexcept { return misses_; }
+  std::uint64_t evictions() const noexcept { return evictions_; }
+  /// Keys from most to least recently used.
+  template <class F>
+  void for_each_key(F&& f) const {
+    for (const auto& [k, v] : items_) f(k);
+  }
+
+private:
+  using list_t = std::list<std::pair<Key, Value>>;
+  std::size_t capacity_;
+  list_t items_;  // most recently used first
+  std::map<Key, typename list_t::iterator> index_;
+  std::uint64_t hits_ = 0;
+  std::uint64_t misses_ = 0;
+  std::uint64_t evictions_ = 0;
+};
+
+/// Which family of transform, independent of precision.
+enum class fft_kind : std::uint8_t { c2c, r2c, c2r };
+
+/// The cuFFT transform type: kind x precision (cufftType C2C, Z2Z, R2C, D2Z, C2R, Z2D).
+enum class fft_type : std::uint8_t { c2c, z2z, r2c, d2z, c2r, z2d };
+
+std::string_view to_string(fft_type t) noexcept;
+
+/// What a plan is keyed by. Unused dims are stored as 1.
+struct fft_plan_key {
+  int rank = 1;
+  std::array<long long, 3> dims{1, 1, 1};
+  long long batch = 1;
+  fft_type type = fft_type::c2c;
+  friend auto operator<=>(const fft_plan_key&, const fft_plan_key&) = default;
+};
+
+fft_plan_key make_plan_key(const fft_shape& s, fft_type t) noexcept;
+
+/// Element counts of one call (whole batch), as the checks computed them.
+struct fft_layout {
+  long long points = 0;     ///< N = product of the dims (one transform)
+  long long in_elems = 0;   ///< elements of the input buffer (its own type)
+  long long out_elems = 0;  ///< elements of the output buffer
+};
+
+/// Checks rank (1..3), dims (> 0), batch (> 0), direction (valid, and
+/// forward for r2c / inverse for c2r) and that every count fits in a long
+/// long; yields the element counts. invalid_argument names "shape.<field>".
+/// Pure: no GPU call.
+result<fft_layout> check_fft_shape(std::string_view op, const fft_shape& s, fft_kind kind);
+
+/// Checks that a buffer of `have` elements holds exactly `need`.
+result<void> check_fft_size(std::string_view op, std::string_view arg, std::size_t have,
+                            long long need);
+
+/// Checks that [a, a + a_bytes) and [b, b + b_bytes) of one allocation do not
+/// overlap (transforms here are out of place). Pure.
+result<void> check_no_overlap(std::string_view op, bool same_allocation, std::size_t a,
+                              std::size_t a_bytes, std::size_t b, std::size_t b_bytes);
+
+/// Checks fft_options::plan_cache_size (>= 1).
+result<void> check_fft_options(const fft_options& o);
+
+/// Every check of one call, in order: the shape, then each buffer (empty,
+/// another device, stale, exact size), then that output and input do not
+/// overlap. No GPU call.
+template <element In, element Out>
+result<fft_layout> check_fft_call(std::string_view op, const fft_shape& s, fft_kind kind,
+                                  const gpu_ref<In>& in, const gpu_ref<Out>& out,
+                                  const device& dev) {
+  BOOST_OUTCOME_TRY(auto lay, check_fft_shape(op, s, kind));
+  BOOST_OUTCOME_TRY(check_ref(op, "input", in, dev, 0));
+  BOOST_OUTCOME_TRY(check_fft_size(op, "input", in.size(), lay.in_elems));
+  BOOST_OUTCOME_TRY(check_ref(op, "output", out, dev, 0));
+  BOOST_OUTCOME_TRY(check_fft_size(op, "output", out.size(), lay.out_elems));
+  BOOST_OUTCOME_TRY(check_no_overlap(op, in.state() == out.state(), in.offset() * sizeof(In),
+                                     in.size_bytes(), out.offset() * sizeof(Out),
+                                     out.size_bytes()));
+  return lay;
+}
+
+struct fft_state;
+
+}  // namespace detail
+
+/// One cuFFT user: a copyable handle over a shared state (its device, one
+/// stream chosen by the stream policy, a plan cache and, once a normalised
+/// transform is asked for, a cuBLAS handle bound to the same stream).
+///
+/// Every operation checks all its arguments before any GPU call
+/// (invalid_argument naming the argument), fails at once when the device no
+/// longer accepts work, then enqueues through run_kernel: the plan is looked
+/// up (or created, with its workspace from the device pool) and executed
+/// under the actor's enqueue lock, which is released before the wait, so
+/// the next request enqueues while this transform runs. Plans evicted from
+/// the cache live until every transform that used them has finished.
+/// Transforms are out of place; the output is written whole.
+///
+/// Thread safety: all members may be called from any thread, by coroutines
+/// on io_contexts run by several threads. Parameters are plain values.
+class fft_actor {
+public:
+  using c32 = std::complex<float>;
+  using c64 = std::complex<double>;
+
+  /// An actor on `dev`: acquires its stream (no other GPU call; plans are made
+  /// on first use). invalid_argument for bad options, device_unavailable when
+  /// the device does not accept work, not_supported when the device's
+  /// library_set disables cuFFT.
+  static result<fft_actor> create(device dev, fft_options options = {});
+
+  /// Complex to complex, single precision (cufftExecC2C). Yields `out`.
+  asio::awaitable<result<gpu_ref<c32>>> c2c(fft_shape shape, gpu_ref<c32> in,
+                                            gpu_ref<c32> out) const;
+  /// Complex to complex, double precision (cufftExecZ2Z). Yields `out`.
+  asio::awaitable<result<gpu_ref<c64>>> c2c(fft_shape shape, gpu_ref<c64> in,
+                                            gpu_ref<c64> out) const;
+  /// Real to complex, forward (cufftExecR2C): `in` has batch*N reals, `out`
+  /// batch*N/dims[rank-1]*(dims[rank-1]/2+1) complex values. Yields `out`.
+  asio::awaitable<result<gpu_ref<c32>>> r2c(fft_shape shape, gpu_ref<float> in,
+                                            gpu_ref<c32> out) const;
+  /// Real to complex, double precision (cufftExecD2Z). Yields `out`.
+  asio::awaitable<result<gpu_ref<c64>>> r2c(fft_shape shape, gpu_ref<double> in,
+                                            gpu_ref<c64> out) const;
+  /// Complex to real, inverse (cufftExecC2R); sizes mirror r2c. cuFFT uses
+  /// the input as scratch: **`in` is overwritten** (ordered as a write).
+  /// Yields `out`.
+  asio::awaitable<result<gpu_ref<float>>> c2r(fft_shape shape, gpu_ref<c32> in,
+                                              gpu_ref<float> out) const;
+  /// Complex to real, double precision (cufftExecZ2D); `in` is overwritten.
+  asio::awaitable<result<gpu_ref<double>>> c2r(fft_shape shape, gpu_ref<c64> in,
+                                               gpu_ref<double> out) const;
+
+  /// Plan cache counts. Takes the enqueue lock briefly; no GPU call.
+  fft_statistics statistics() const;
+  /// Drops every cached plan (each lives on until its last exec ended).
+  void clear_plans() const;
+
+  const device& get_device() const noexcept;
+  /// The stream every transform of this actor runs on.
+  const stream& get_stream() const noexcept;
+
+  explicit fft_actor(std::shared_ptr<detail::fft_state> st) noexcept : st_(std::move(st)) {}
+
+private:
+  std::shared_ptr<detail::fft_state> st_;
+};
+
+}  // namespace atomr::cuda

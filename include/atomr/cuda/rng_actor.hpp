@@ -1,0 +1,154 @@
+// rng_actor: cuRAND generation (uniform, normal, log-normal, Poisson, raw bits) as awaitables.
+#pragma once
+
+#include <atomr/cuda/completion.hpp>
+#include <atomr/cuda/device.hpp>
+#include <atomr/cuda/error.hpp>
+#include <atomr/cuda/gpu_ref.hpp>
+#include <atomr/cuda/stream.hpp>
+
+#include <boost/asio/awaitable.hpp>
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string_view>
+
+namespace atomr::cuda {
+
+/// The cuRAND generator an rng_actor owns.
+enum class rng_kind : std::uint8_t {
+  philox4_32_10,      ///< CURAND_RNG_PSEUDO_PHILOX4_32_10 (the default)
+  xorwow,             ///< CURAND_RNG_PSEUDO_XORWOW
+  mrg32k3a,           ///< CURAND_RNG_PSEUDO_MRG32K3A
+  mtgp32,             ///< CURAND_RNG_PSEUDO_MTGP32 (no offset: cuRAND cannot skip ahead)
+  sobol32,            ///< CURAND_RNG_QUASI_SOBOL32
+  scrambled_sobol32,  ///< CURAND_RNG_QUASI_SCRAMBLED_SOBOL32
+  sobol64,            ///< CURAND_RNG_QUASI_SOBOL64 (raw values are 64-bit)
+  scrambled_sobol64,  ///< CURAND_RNG_QUASI_SCRAMBLED_SOBOL64 (raw values are 64-bit)
+};
+
+std::string_view to_string(rng_kind k) noexcept;
+
+/// Settings of one rng_actor, fixed at create() (seed and offset may change later).
+struct rng_options {
+  rng_kind kind = rng_kind::philox4_32_10;
+  /// Pseudo-random generators only; unset means cuRAND's default seed (0).
+  /// A quasi-random generator takes no seed: setting one is invalid_argument.
+  std::optional<std::uint64_t> seed{};
+  /// Absolute position in the sequence (in 32-bit values for pseudo-random
+  /// generators, in points for quasi-random ones). MTGP32 accepts only 0.
+  std::uint64_t offset = 0;
+  /// Quasi-random generators: the number of dimensions, 1 to 20000. Results
+  /// are laid out dimension by dimension (count/dimensions values each).
+  /// Pseudo-random generators accept only 1.
+  unsigned dimensions = 1;
+  /// The stream the generator is bound to; unset: the device's policy.
+  std::optional<stream_policy> streams{};
+  /// How completion is awaited; unset: the device's default strategy.
+  std::optional<completion> how{};
+};
+
+namespace detail {
+
+struct rng_state;
+
+/// Largest quasi-random dimension count cuRAND accepts.
+inline constexpr unsigned rng_max_dimensions = 20000;
+/// Largest Poisson lambda cuRAND accepts.
+inline constexpr double rng_max_lambda = 400000.0;
+
+bool is_quasi(rng_kind k) noexcept;
+/// True for the generators whose raw values are 64-bit (sobol64, scrambled_sobol64).
+bool is_64bit(rng_kind k) noexcept;
+
+// Pure checks (no GPU call), each answering invalid_argument naming the operation
+// and the argument. They are what rng_actor runs before any cuRAND call.
+
+/// kind in range; seed only for pseudo-random; dimensions 1..20000 (1 for
+/// pseudo-random); offset 0 for MTGP32.
+result<void> check_rng_options(const rng_options& o);
+/// set_seed: only pseudo-random generators have a seed.
+result<void> check_rng_seed(rng_kind k);
+/// set_offset: MTGP32 cannot skip ahead (only 0 is accepted).
+result<void> check_rng_offset(rng_kind k, std::uint64_t offset);
+/// `count` output values: non-zero; a multiple of `dimensions` for quasi-random
+/// generators; even for normal/log-normal (`pairs`) on pseudo-random generators
+/// (Box-Muller makes values in pairs).
+result<void> check_rng_count(std::string_view op, rng_kind k, unsigned dimensions,
+                             std::size_t count, bool pairs);
+/// mean finite, stddev finite and > 0.
+result<void> check_rng_normal(std::string_view op, double mean, double stddev);
+/// lambda finite, > 0 and <= 400000.
+result<void> check_rng_lambda(std::string_view op, double lambda);
+/// Raw values of `bits` (32 or 64): 64-bit only from sobol64/scrambled_sobol64,
+/// 32-bit from every other generator.
+result<void> check_rng_raw_bits(std::string_view op, rng_kind k, unsigned bits);
+
+}  // namespace detail
+
+/// One cuRAND generator bound once to one stream of one device. A copyable
+/// handle: copies share the generator, whose calls are serialised (the lock is
+/// held only around the synchronous cuRAND call, never while the GPU works).
+/// Several rng_actors may exist, each with its own generator and stream.
+///
+/// Every operation fills all of `out` and yields it; arguments are checked
+/// before any GPU call (invalid_argument naming the argument), and once the
+/// device is poisoned or stopped every call fails at once. The generator
+/// lives until the GPU is done with the last operation that used it.
+/// Thread safety: all members may be called from any thread.
+class rng_actor {
+public:
+  /// Creates the generator (curandCreateGenerator), sets seed, offset and
+  /// dimensions and binds it to a stream of `dev` (curandSetStream). Fails
+  /// with device_unavailable (or the device's fault) when `dev` does not accept
+  /// work, not_supported when the device's options disable cuRAND, and
+  /// invalid_argument for bad options.
+  static result<rng_actor> create(device dev, rng_options options = {});
+
+  /// Uniform in (0, 1] (cuRAND excludes 0 and includes 1).
+  asio::awaitable<result<gpu_ref<float>>> uniform(gpu_ref<float> out) const;
+  asio::awaitable<result<gpu_ref<double>>> uniform(gpu_ref<double> out) const;
+
+  /// Normal(mean, stddev). Pseudo-random generators need an even out.size().
+  asio::awaitable<result<gpu_ref<float>>> normal(gpu_ref<float> out, float mean = 0.0f,
+                                                 float stddev = 1.0f) const;
+  asio::awaitable<result<gpu_ref<double>>> normal(gpu_ref<double> out, double mean = 0.0,
+                                                  double stddev = 1.0) const;
+
+  /// exp(Normal(mean, stddev)). Pseudo-random generators need an even out.size().
+  asio::awaitable<result<gpu_ref<float>>> log_normal(gpu_ref<float> out, float mean = 0.0f,
+                                                     float stddev = 1.0f) const;
+  asio::awaitable<result<gpu_ref<double>>> log_normal(gpu_ref<double> out, double mean = 0.0,
+                                                      double stddev = 1.0) const;
+
+  /// Poisson(lambda), 0 < lambda <= 400000.
+  asio::awaitable<result<gpu_ref<std::uint32_t>>> poisson(gpu_ref<std::uint32_t> out,
+                                                          double lambda) const;
+
+  /// Raw 32-bit values (curandGenerate): every generator but the 64-bit Sobol ones.
+  asio::awaitable<result<gpu_ref<std::uint32_t>>> raw(gpu_ref<std::uint32_t> out) const;
+  /// Raw 64-bit values (curandGenerateLongLong): sobol64 and scrambled_sobol64 only.
+  asio::awaitable<result<gpu_ref<std::uint64_t>>> raw(gpu_ref<std::uint64_t> out) const;
+
+  /// Sets the seed (pseudo-random generators only) and restarts the sequence
+  /// at offset 0, so that the same seed gives the same numbers again. Takes
+  /// effect for operations issued after it returns.
+  result<void> set_seed(std::uint64_t seed) const;
+  /// Moves to the absolute position `offset`. MTGP32 cannot skip ahead: it
+  /// accepts only 0, which restarts its sequence from the current seed.
+  result<void> set_offset(std::uint64_t offset) const;
+
+  rng_kind kind() const noexcept;
+  unsigned dimensions() const noexcept;
+  const device& get_device() const noexcept;
+  const stream& get_stream() const noexcept;
+  const completion& how() const noexcept;
+
+private:
+  explicit rng_actor(std::shared_ptr<detail::rng_state> st) noexcept : st_(std::move(st)) {}
+  std::shared_ptr<detail::rng_state> st_;
+};
+
+}  // namespace atomr::cuda

@@ -1,0 +1,801 @@
+// blas_actor: argument checks, the cuBLAS handle's lifetime, and one
+// run_kernel per operation.
+#include <atomr/cuda/blas_actor.hpp>
+
+#include <atomr/cuda/detail/actor_core.hpp>
+#include <atomr/cuda/pinned.hpp>
+#include <atomr/cuda/run_kernel.hpp>
+
+#include <cublas_v2.h>
+
+#include <algorithm>
+#include <atomic>
+#include <climits>
+#include <cstdlib>
+#include <functional>
+#include <mutex>
+#include <string>
+#include <tuple>
+#include <utility>
+
+namespace atomr::cuda {
+
+namespace detail {
+
+/// The shared state of a blas_actor and its copies.
+struct blas_state {
+  blas_state(device d, stream s, completion c) : core(std::move(d), std::move(s)), how(c) {}
+  blas_state(const blas_state&) = delete;
+  blas_state& operator=(const blas_state&) = delete;
+  ~blas_state() {
+    if (!handle) return;
+    // Nothing is handed back to a dead context.
+    if (core.dev.health() == health_state::poisoned) return;
+    cudaSetDevice(core.dev.ordinal());
+    cublasDestroy(handle);  // teardown: errors deliberately ignored
+  }
+
+  actor_core core;
+  completion how;
+  cublasHandle_t handle = nullptr;  ///< used only under core.enqueue_mu
+  std::atomic<bool> tf32{false};
+};
+
+namespace {
+
+std::string num(std::int64_t v) {
+  return std::to_string(v);
+}
+std::string num(std::size_t v) {
+  return std::to_string(v);
+}
+
+/// A dimension: >= 0 and fits in int.
+result<int> dim(std::string_view op, std::string_view name, std::int64_t v) {
+  if (v < 0) return bad_argument(op, name, "(" + num(v) + ") is negative");
+  if (v > INT_MAX) return bad_argument(op, name, "(" + num(v) + ") does not fit in int");
+  return static_cast<int>(v);
+}
+
+/// A leading dimension: 0 means tight; otherwise >= max(1, rows) and fits in int.
+result<int> leading(std::string_view op, std::string_view name, std::int64_t ld, int rows,
+                    std::string_view rows_name) {
+  const int tight = std::max(1, rows);
+  if (ld == 0) return tight;
+  if (ld < 0) return bad_argument(op, name, "(" + num(ld) + ") is negative");
+  if (ld > INT_MAX) return bad_argument(op, name, "(" + num(ld) + ") does not fit in int");
+  if (ld < tight)
+    return bad_argument(op, name,
+                        "(" + num(ld) + ") < max(1, " + std::string(rows_name) + ") (" +
+                            std::to_string(tight) + ")");
+  return static_cast<int>(ld);
+}
+
+/// Elements spanned by a rows x cols column-major matrix with leading dimension ld.
+std::size_t span_of(int rows, int cols, int ld) {
+  if (rows == 0 || cols == 0) return 0;
+  return static_cast<std::size_t>(ld) * static_cast<std::size_t>(cols - 1) +
+         static_cast<std::size_t>(rows);
+}
+
+/// An increment: != 0 (or > 0 when negative ones are not allowed) and fits in int.
+result<int> increment(std::string_view op, std::string_view name, std::int64_t inc,
+                      bool negative_ok) {
+  if (inc == 0) return bad_argument(op, name, "is 0");
+  if (inc < 0 && !negative_ok) return bad_argument(op, name, "(" + num(inc) + ") must be > 0");
+  if (inc > INT_MAX || inc < -INT_MAX)
+    return bad_argument(op, name, "(" + num(inc) + ") does not fit in int");
+  return static_cast<int>(inc);
+}
+
+/// Elements spanned by a vector of n elements with increment inc.
+std::size_t vector_span(int n, int inc) {
+  if (n == 0) return 0;
+  return 1 + static_cast<std::size_t>(n - 1) * static_cast<std::size_t>(std::abs(inc));
+}
+
+result<void> has_size(std::string_view op, std::string_view name, std::size_t have,
+                      std::size_t need) {
+  if (have >= need) return outcome::success();
+  return bad_argument(op, name, "has " + num(have) + " elements, needs " + num(need));
+}
+
+result<void> valid_op(std::string_view op, std::string_view name, blas_op o) {
+  if (o == blas_op::n || o == blas_op::t) return outcome::success();
+  return bad_argument(op, name,
+                      "(" + std::to_string(static_cast<int>(o)) + ") is not a blas_op (n or t)");
+}
+
+/// The shape part of gemm (no buffer sizes).
+result<gemm_plan> gemm_shape(const gemm_params& p, std::string_view op) {
+  BOOST_OUTCOME_TRY(valid_op(op, "transa", p.transa));
+  BOOST_OUTCOME_TRY(valid_op(op, "transb", p.transb));
+  gemm_plan g;
+  BOOST_OUTCOME_TRY(g.m, dim(op, "m", p.m));
+  BOOST_OUTCOME_TRY(g.n, dim(op, "n", p.n));
+  BOOST_OUTCOME_TRY(g.k, dim(op, "k", p.k));
+  const bool ta = p.transa == blas_op::t, tb = p.transb == blas_op::t;
+  // Stored A is (m x k) or, transposed, (k x m); stored B is (k x n) or (n x k).
+  const int a_rows = ta ? g.k : g.m, a_cols = ta ? g.m : g.k;
+  const int b_rows = tb ? g.n : g.k, b_cols = tb ? g.k : g.n;
+  BOOST_OUTCOME_TRY(g.lda, leading(op, "lda", p.lda, a_rows, ta ? "k" : "m"));
+  BOOST_OUTCOME_TRY(g.ldb, leading(op, "ldb", p.ldb, b_rows, tb ? "n" : "k"));
+  BOOST_OUTCOME_TRY(g.ldc, leading(op, "ldc", p.ldc, g.m, "m"));
+  g.a_elems = span_of(a_rows, a_cols, g.lda);
+  g.b_elems = span_of(b_rows, b_cols, g.ldb);
+  g.c_elems = span_of(g.m, g.n, g.ldc);
+  return g;
+}
+
+/// Resolves a batch stride (tight_stride: the matrix's ld * cols) and the span of all batches.
+result<long long> batch_stride(std::string_view op, std::string_view name, std::int64_t stride,
+                               std::size_t one_matrix_ld_cols) {
+  if (stride == tight_stride) return static_cast<long long>(one_matrix_ld_cols);
+  if (stride < 0)
+    return bad_argument(op, name, "(" + num(stride) + ") is negative (use tight_stride)");
+  return static_cast<long long>(stride);
+}
+
+result<std::size_t> batch_span(std::string_view op, std::string_view name, int count,
+                               long long stride, std::size_t one) {
+  if (count == 0 || one == 0) return std::size_t{0};
+  std::size_t off = 0, total = 0;
+  if (__builtin_mul_overflow(static_cast<std::size_t>(count - 1), static_cast<std::size_t>(stride),
+                             &off) ||
+      __builtin_add_overflow(off, one, &total))
+    return bad_argument(
+        op, name,
+        "(" + num(static_cast<std::int64_t>(stride)) + ") times the batch count overflows");
+  return total;
+}
+
+}  // namespace
+
+result<gemm_plan> check_gemm(const gemm_params& p, std::size_t a_size, std::size_t b_size,
+                             std::size_t c_size, std::string_view op) {
+  BOOST_OUTCOME_TRY(auto g, gemm_shape(p, op));
+  BOOST_OUTCOME_TRY(has_size(op, "a", a_size, g.a_elems));
+  BOOST_OUTCOME_TRY(has_size(op, "b", b_size, g.b_elems));
+  BOOST_OUTCOME_TRY(has_size(op, "c", c_size, g.c_elems));
+  return g;
+}
+
+result<gemm_batched_plan> check_gemm_batched(const gemm_params& p, const batch_params& b,
+                                             std::size_t a_size, std::size_t b_size,
+                                             std::size_t c_size) {
+  constexpr std::string_view op = "gemm_strided_batched";
+  gemm_batched_plan bp;
+  BOOST_OUTCOME_TRY(bp.g, gemm_shape(p, op));
+  BOOST_OUTCOME_TRY(bp.count, dim(op, "batch.count", b.count));
+  auto& g = bp.g;
+  const bool ta = p.transa == blas_op::t, tb = p.transb == blas_op::t;
+  // The tight stride is ld * (columns of the stored matrix).
+  const auto full = [](int ld, int cols) {
+    return static_cast<std::size_t>(ld) * static_cast<std::size_t>(cols);
+  };
+  BOOST_OUTCOME_TRY(bp.stride_a,
+                    batch_stride(op, "batch.stride_a", b.stride_a, full(g.lda, ta ? g.m : g.k)));
+  BOOST_OUTCOME_TRY(bp.stride_b,
+                    batch_stride(op, "batch.stride_b", b.stride_b, full(g.ldb, tb ? g.k : g.n)));
+  BOOST_OUTCOME_TRY(bp.stride_c, batch_stride(op, "batch.stride_c", b.stride_c, full(g.ldc, g.n)));
+  if (bp.count > 1 && g.c_elems > 0 && static_cast<std::size_t>(bp.stride_c) < g.c_elems)
+    return bad_argument(op, "batch.stride_c",
+                        "(" + num(static_cast<std::int64_t>(bp.stride_c)) + ") < " +
+                            num(g.c_elems) + ", the span of one C: batches of C would overlap");
+  BOOST_OUTCOME_TRY(g.a_elems, batch_span(op, "batch.stride_a", bp.count, bp.stride_a, g.a_elems));
+  BOOST_OUTCOME_TRY(g.b_elems, batch_span(op, "batch.stride_b", bp.count, bp.stride_b, g.b_elems));
+  BOOST_OUTCOME_TRY(g.c_elems, batch_span(op, "batch.stride_c", bp.count, bp.stride_c, g.c_elems));
+  BOOST_OUTCOME_TRY(has_size(op, "a", a_size, g.a_elems));
+  BOOST_OUTCOME_TRY(has_size(op, "b", b_size, g.b_elems));
+  BOOST_OUTCOME_TRY(has_size(op, "c", c_size, g.c_elems));
+  return bp;
+}
+
+result<gemv_plan> check_gemv(const gemv_params& p, std::size_t a_size, std::size_t x_size,
+                             std::size_t y_size) {
+  constexpr std::string_view op = "gemv";
+  BOOST_OUTCOME_TRY(valid_op(op, "trans", p.trans));
+  gemv_plan g;
+  BOOST_OUTCOME_TRY(g.m, dim(op, "m", p.m));
+  BOOST_OUTCOME_TRY(g.n, dim(op, "n", p.n));
+  BOOST_OUTCOME_TRY(g.lda, leading(op, "lda", p.lda, g.m, "m"));
+  BOOST_OUTCOME_TRY(g.incx, increment(op, "incx", p.incx, true));
+  BOOST_OUTCOME_TRY(g.incy, increment(op, "incy", p.incy, true));
+  const bool t = p.trans == blas_op::t;
+  g.a_elems = span_of(g.m, g.n, g.lda);
+  g.x_elems = vector_span(t ? g.m : g.n, g.incx);
+  g.y_elems = vector_span(t ? g.n : g.m, g.incy);
+  BOOST_OUTCOME_TRY(has_size(op, "a", a_size, g.a_elems));
+  BOOST_OUTCOME_TRY(has_size(op, "x", x_size, g.x_elems));
+  BOOST_OUTCOME_TRY(has_size(op, "y", y_size, g.y_elems));
+  return g;
+}
+
+namespace {
+result<level1_plan> two_vectors(std::string_view op, std::int64_t n, std::int64_t incx,
+                                std::size_t x_size, std::int64_t incy, std::size_t y_size) {
+  level1_plan l;
+  BOOST_OUTCOME_TRY(l.n, dim(op, "n", n));
+  BOOST_OUTCOME_TRY(l.incx, increment(op, "incx", incx, true));
+  BOOST_OUTCOME_TRY(l.incy, increment(op, "incy", incy, true));
+  l.x_elems = vector_span(l.n, l.incx);
+  l.y_elems = vector_span(l.n, l.incy);
+  BOOST_OUTCOME_TRY(has_size(op, "x", x_size, l.x_elems));
+  BOOST_OUTCOME_TRY(has_size(op, "y", y_size, l.y_elems));
+  return l;
+}
+}  // namespace
+
+result<level1_plan> check_axpy(std::int64_t n, std::int64_t incx, std::size_t x_size,
+                               std::int64_t incy, std::size_t y_size) {
+  return two_vectors("axpy", n, incx, x_size, incy, y_size);
+}
+
+result<level1_plan> check_dot(std::int64_t n, std::int64_t incx, std::size_t x_size,
+                              std::int64_t incy, std::size_t y_size) {
+  return two_vectors("dot", n, incx, x_size, incy, y_size);
+}
+
+result<level1_plan> check_vector_op(std::string_view op, std::int64_t n, std::int64_t incx,
+                                    std::size_t x_size, std::int64_t min_n) {
+  level1_plan l;
+  BOOST_OUTCOME_TRY(l.n, dim(op, "n", n));
+  if (n < min_n) return bad_argument(op, "n", "(" + num(n) + ") must be >= " + num(min_n));
+  BOOST_OUTCOME_TRY(l.incx, increment(op, "incx", incx, false));
+  l.x_elems = vector_span(l.n, l.incx);
+  BOOST_OUTCOME_TRY(has_size(op, "x", x_size, l.x_elems));
+  return l;
+}
+
+result<void> check_disjoint(std::string_view op, std::string_view out, std::size_t out_begin,
+                            std::size_t out_count, std::string_view in, std::size_t in_begin,
+                            std::size_t in_count) {
+  if (out_count == 0 || in_count == 0) return outcome::success();
+  if (out_begin < in_begin + in_count && in_begin < out_begin + out_count)
+    return bad_argument(op, out,
+                        "overlaps " + std::string(in) + " (the output may not alias an input)");
+  return outcome::success();
+}
+
+}  // namespace detail
+
+// ---------------------------------------------------------------- operations
+
+namespace {
+
+using detail::blas_state;
+using state_ptr = std::shared_ptr<blas_state>;
+
+constexpr std::string_view k_lib = "cublas";
+
+gpu_error tag(gpu_error e) {
+  return e.tagged(k_lib);
+}
+
+cublasOperation_t to_cublas(blas_op o) {
+  return o == blas_op::t ? CUBLAS_OP_T : CUBLAS_OP_N;
+}
+
+/// check_ref, plus the element type recorded in the buffer.
+template <element T>
+result<void> check_arg(std::string_view op, std::string_view arg, const gpu_ref<T>& r,
+                       const device& dev, std::size_t needed) {
+  if (r.state() && r.state()->type != dtype_of<T>)
+    return detail::bad_argument(op, arg,
+                                "holds " + std::string(to_string(r.state()->type)) +
+                                    " elements, not " + std::string(to_string(dtype_of<T>)));
+  return detail::check_ref(op, arg, r, dev, needed);
+}
+
+/// Output `out` must not alias input `in` where they share an allocation.
+template <element T>
+result<void> disjoint(std::string_view op, std::string_view out_name, const gpu_ref<T>& out,
+                      std::size_t out_n, std::string_view in_name, const gpu_ref<T>& in,
+                      std::size_t in_n) {
+  if (out.state() != in.state()) return outcome::success();
+  return detail::check_disjoint(op, out_name, out.offset(), out_n, in_name, in.offset(), in_n);
+}
+
+result<void> cublas_ok(cublasStatus_t st, std::string_view call) {
+  if (st == CUBLAS_STATUS_SUCCESS) return outcome::success();
+  return classify(st, call);
+}
+
+// --- gemm, by element type
+
+template <class T>
+struct gemm_traits;
+
+template <>
+struct gemm_traits<float> {
+  static constexpr std::string_view name = "cublasSgemm";
+  static constexpr std::string_view batched_name = "cublasSgemmStridedBatched";
+  static cublasStatus_t gemm(cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb,
+                             const detail::gemm_plan& g, double alpha, double beta, const float* a,
+                             const float* b, float* c) {
+    const float al = static_cast<float>(alpha), be = static_cast<float>(beta);
+    return cublasSgemm(h, ta, tb, g.m, g.n, g.k, &al, a, g.lda, b, g.ldb, &be, c, g.ldc);
+  }
+  static cublasStatus_t batched(cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb,
+                                const detail::gemm_batched_plan& p, double alpha, double beta,
+                                const float* a, const float* b, float* c) {
+    const float al = static_cast<float>(alpha), be = static_cast<float>(beta);
+    const auto& g = p.g;
+    return cublasSgemmStridedBatched(h, ta, tb, g.m, g.n, g.k, &al, a, g.lda, p.stride_a, b, g.ldb,
+                                     p.stride_b, &be, c, g.ldc, p.stride_c, p.count);
+  }
+};
+
+template <>
+struct gemm_traits<double> {
+  static constexpr std::string_view name = "cublasDgemm";
+  static constexpr std::string_view batched_name = "cublasDgemmStridedBatched";
+  static cublasStatus_t gemm(cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb,
+                             const detail::gemm_plan& g, double alpha, double beta, const double* a,
+                             const double* b, double* c) {
+    return cublasDgemm(h, ta, tb, g.m, g.n, g.k, &alpha, a, g.lda, b, g.ldb, &beta, c, g.ldc);
+  }
+  static cublasStatus_t batched(cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb,
+                                const detail::gemm_batched_plan& p, double alpha, double beta,
+                                const double* a, const double* b, double* c) {
+    const auto& g = p.g;
+    return cublasDgemmStridedBatched(h, ta, tb, g.m, g.n, g.k, &alpha, a, g.lda, p.stride_a, b,
+                                     g.ldb, p.stride_b, &beta, c, g.ldc, p.stride_c, p.count);
+  }
+};
+
+/// f16 and bf16: cublasGemmEx with f32 accumulation and f32 alpha/beta.
+template <class T, cudaDataType Type>
+struct gemm_ex_traits {
+  static constexpr std::string_view name = "cublasGemmEx";
+  static constexpr std::string_view batched_name = "cublasGemmStridedBatchedEx";
+  static cublasStatus_t gemm(cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb,
+                             const detail::gemm_plan& g, double alpha, double beta, const T* a,
+                             const T* b, T* c) {
+    const float al = static_cast<float>(alpha), be = static_cast<float>(beta);
+    return cublasGemmEx(h, ta, tb, g.m, g.n, g.k, &al, a, Type, g.lda, b, Type, g.ldb, &be, c, Type,
+                        g.ldc, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+  }
+  static cublasStatus_t batched(cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb,
+                                const detail::gemm_batched_plan& p, double alpha, double beta,
+                                const T* a, const T* b, T* c) {
+    const float al = static_cast<float>(alpha), be = static_cast<float>(beta);
+    const auto& g = p.g;
+    return cublasGemmStridedBatchedEx(h, ta, tb, g.m, g.n, g.k, &al, a, Type, g.lda, p.stride_a, b,
+                                      Type, g.ldb, p.stride_b, &be, c, Type, g.ldc, p.stride_c,
+                                      p.count, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+  }
+};
+template <>
+struct gemm_traits<half> : gemm_ex_traits<half, CUDA_R_16F> {};
+template <>
+struct gemm_traits<bfloat16> : gemm_ex_traits<bfloat16, CUDA_R_16BF> {};
+
+/// A, B and C checked (device, type, size) and C disjoint from A and B.
+template <class T>
+result<void> check_abc(std::string_view op, const device& dev, const gpu_ref<T>& a,
+                       const gpu_ref<T>& b, const gpu_ref<T>& c, const detail::gemm_plan& g) {
+  BOOST_OUTCOME_TRY(check_arg(op, "a", a, dev, g.a_elems));
+  BOOST_OUTCOME_TRY(check_arg(op, "b", b, dev, g.b_elems));
+  BOOST_OUTCOME_TRY(check_arg(op, "c", c, dev, g.c_elems));
+  BOOST_OUTCOME_TRY(disjoint(op, "c", c, g.c_elems, "a", a, g.a_elems));
+  BOOST_OUTCOME_TRY(disjoint(op, "c", c, g.c_elems, "b", b, g.b_elems));
+  return outcome::success();
+}
+
+template <class T>
+asio::awaitable<result<gpu_ref<T>>> do_gemm(state_ptr st, gemm_params p, gpu_ref<T> a, gpu_ref<T> b,
+                                            gpu_ref<T> c) {
+  auto& core = st->core;
+  if (auto ok = core.accepting(); !ok) co_return tag(ok.error());
+  auto g = detail::check_gemm(p, a.size(), b.size(), c.size());
+  if (!g) co_return tag(g.error());
+  if (auto ok = check_abc("gemm", core.dev, a, b, c, g.value()); !ok) co_return tag(ok.error());
+  using keep = std::tuple<gpu_ref<T>, gpu_ref<T>, state_ptr>;
+  co_return co_await run_kernel(k_lib, core.strm, st->how, c, [&](launch& l) -> result<keep> {
+    BOOST_OUTCOME_TRY(const T* pa, l.read(a));
+    BOOST_OUTCOME_TRY(const T* pb, l.read(b));
+    BOOST_OUTCOME_TRY(T * pc, l.write(c));
+    cublasStatus_t s;
+    {
+      std::lock_guard lk(core.enqueue_mu);
+      s = gemm_traits<T>::gemm(st->handle, to_cublas(p.transa), to_cublas(p.transb), g.value(),
+                               p.alpha, p.beta, pa, pb, pc);
+    }
+    BOOST_OUTCOME_TRY(cublas_ok(s, gemm_traits<T>::name));
+    return keep{a, b, st};
+  });
+}
+
+template <class T>
+asio::awaitable<result<gpu_ref<T>>> do_gemm_batched(state_ptr st, gemm_params p, batch_params bp,
+                                                    gpu_ref<T> a, gpu_ref<T> b, gpu_ref<T> c) {
+  constexpr std::string_view op = "gemm_strided_batched";
+  auto& core = st->core;
+  if (auto ok = core.accepting(); !ok) co_return tag(ok.error());
+  auto plan = detail::check_gemm_batched(p, bp, a.size(), b.size(), c.size());
+  if (!plan) co_return tag(plan.error());
+  if (auto ok = check_abc(op, core.dev, a, b, c, plan.value().g); !ok) co_return tag(ok.error());
+  using keep = std::tuple<gpu_ref<T>, gpu_ref<T>, state_ptr>;
+  co_return co_await run_kernel(k_lib, core.strm, st->how, c, [&](launch& l) -> result<keep> {
+    BOOST_OUTCOME_TRY(const T* pa, l.read(a));
+    BOOST_OUTCOME_TRY(const T* pb, l.read(b));
+    BOOST_OUTCOME_TRY(T * pc, l.write(c));
+    cublasStatus_t s;
+    {
+      std::lock_guard lk(core.enqueue_mu);
+      s = gemm_traits<T>::batched(st->handle, to_cublas(p.transa), to_cublas(p.transb),
+                                  plan.value(), p.alpha, p.beta, pa, pb, pc);
+    }
+    BOOST_OUTCOME_TRY(cublas_ok(s, gemm_traits<T>::batched_name));
+    return keep{a, b, st};
+  });
+}
+
+// --- level 2 and 1, f32 and f64
+
+template <class T>
+struct level_traits;
+
+template <>
+struct level_traits<float> {
+  static cublasStatus_t gemv(cublasHandle_t h, cublasOperation_t t, const detail::gemv_plan& g,
+                             double alpha, double beta, const float* a, const float* x, float* y) {
+    const float al = static_cast<float>(alpha), be = static_cast<float>(beta);
+    return cublasSgemv(h, t, g.m, g.n, &al, a, g.lda, x, g.incx, &be, y, g.incy);
+  }
+  static cublasStatus_t axpy(cublasHandle_t h, int n, double alpha, const float* x, int incx,
+                             float* y, int incy) {
+    const float al = static_cast<float>(alpha);
+    return cublasSaxpy(h, n, &al, x, incx, y, incy);
+  }
+  static cublasStatus_t scal(cublasHandle_t h, int n, double alpha, float* x, int incx) {
+    const float al = static_cast<float>(alpha);
+    return cublasSscal(h, n, &al, x, incx);
+  }
+  static cublasStatus_t dot(cublasHandle_t h, int n, const float* x, int incx, const float* y,
+                            int incy, float* r) {
+    return cublasSdot(h, n, x, incx, y, incy, r);
+  }
+  static cublasStatus_t nrm2(cublasHandle_t h, int n, const float* x, int incx, float* r) {
+    return cublasSnrm2(h, n, x, incx, r);
+  }
+  static cublasStatus_t asum(cublasHandle_t h, int n, const float* x, int incx, float* r) {
+    return cublasSasum(h, n, x, incx, r);
+  }
+  static cublasStatus_t iamax(cublasHandle_t h, int n, const float* x, int incx, int* r) {
+    return cublasIsamax(h, n, x, incx, r);
+  }
+  static constexpr std::string_view gemv_name = "cublasSgemv", axpy_name = "cublasSaxpy",
+                                    scal_name = "cublasSscal", dot_name = "cublasSdot",
+                                    nrm2_name = "cublasSnrm2", asum_name = "cublasSasum",
+                                    iamax_name = "cublasIsamax";
+};
+
+template <>
+struct level_traits<double> {
+  static cublasStatus_t gemv(cublasHandle_t h, cublasOperation_t t, const detail::gemv_plan& g,
+                             double alpha, double beta, const double* a, const double* x,
+                             double* y) {
+    return cublasDgemv(h, t, g.m, g.n, &alpha, a, g.lda, x, g.incx, &beta, y, g.incy);
+  }
+  static cublasStatus_t axpy(cublasHandle_t h, int n, double alpha, const double* x, int incx,
+                             double* y, int incy) {
+    return cublasDaxpy(h, n, &alpha, x, incx, y, incy);
+  }
+  static cublasStatus_t scal(cublasHandle_t h, int n, double alpha, double* x, int incx) {
+    return cublasDscal(h, n, &alpha, x, incx);
+  }
+  static cublasStatus_t dot(cublasHandle_t h, int n, const double* x, int incx, const double* y,
+                            int incy, double* r) {
+    return cublasDdot(h, n, x, incx, y, incy, r);
+  }
+  static cublasStatus_t nrm2(cublasHandle_t h, int n, const double* x, int incx, double* r) {
+    return cublasDnrm2(h, n, x, incx, r);
+  }
+  static cublasStatus_t asum(cublasHandle_t h, int n, const double* x, int incx, double* r) {
+    return cublasDasum(h, n, x, incx, r);
+  }
+  static cublasStatus_t iamax(cublasHandle_t h, int n, const double* x, int incx, int* r) {
+    return cublasIdamax(h, n, x, incx, r);
+  }
+  static constexpr std::string_view gemv_name = "cublasDgemv", axpy_name = "cublasDaxpy",
+                                    scal_name = "cublasDscal", dot_name = "cublasDdot",
+                                    nrm2_name = "cublasDnrm2", asum_name = "cublasDasum",
+                                    iamax_name = "cublasIdamax";
+};
+
+template <class T>
+asio::awaitable<result<gpu_ref<T>>> do_gemv(state_ptr st, gemv_params p, gpu_ref<T> a, gpu_ref<T> x,
+                                            gpu_ref<T> y) {
+  constexpr std::string_view op = "gemv";
+  auto& core = st->core;
+  if (auto ok = core.accepting(); !ok) co_return tag(ok.error());
+  auto gr = detail::check_gemv(p, a.size(), x.size(), y.size());
+  if (!gr) co_return tag(gr.error());
+  const auto& g = gr.value();
+  auto checked = [&]() -> result<void> {
+    BOOST_OUTCOME_TRY(check_arg(op, "a", a, core.dev, g.a_elems));
+    BOOST_OUTCOME_TRY(check_arg(op, "x", x, core.dev, g.x_elems));
+    BOOST_OUTCOME_TRY(check_arg(op, "y", y, core.dev, g.y_elems));
+    BOOST_OUTCOME_TRY(disjoint(op, "y", y, g.y_elems, "a", a, g.a_elems));
+    BOOST_OUTCOME_TRY(disjoint(op, "y", y, g.y_elems, "x", x, g.x_elems));
+    return outcome::success();
+  }();
+  if (!checked) co_return tag(checked.error());
+  using keep = std::tuple<gpu_ref<T>, gpu_ref<T>, state_ptr>;
+  co_return co_await run_kernel(k_lib, core.strm, st->how, y, [&](launch& l) -> result<keep> {
+    BOOST_OUTCOME_TRY(const T* pa, l.read(a));
+    BOOST_OUTCOME_TRY(const T* px, l.read(x));
+    BOOST_OUTCOME_TRY(T * py, l.write(y));
+    cublasStatus_t s;
+    {
+      std::lock_guard lk(core.enqueue_mu);
+      s = level_traits<T>::gemv(st->handle, to_cublas(p.trans), g, p.alpha, p.beta, pa, px, py);
+    }
+    BOOST_OUTCOME_TRY(cublas_ok(s, level_traits<T>::gemv_name));
+    return keep{a, x, st};
+  });
+}
+
+template <class T>
+asio::awaitable<result<gpu_ref<T>>> do_axpy(state_ptr st, std::int64_t n, double alpha,
+                                            gpu_ref<T> x, gpu_ref<T> y, std::int64_t incx,
+                                            std::int64_t incy) {
+  constexpr std::string_view op = "axpy";
+  auto& core = st->core;
+  if (auto ok = core.accepting(); !ok) co_return tag(ok.error());
+  auto pr = detail::check_axpy(n, incx, x.size(), incy, y.size());
+  if (!pr) co_return tag(pr.error());
+  const auto& p = pr.value();
+  auto checked = [&]() -> result<void> {
+    BOOST_OUTCOME_TRY(check_arg(op, "x", x, core.dev, p.x_elems));
+    BOOST_OUTCOME_TRY(check_arg(op, "y", y, core.dev, p.y_elems));
+    BOOST_OUTCOME_TRY(disjoint(op, "y", y, p.y_elems, "x", x, p.x_elems));
+    return outcome::success();
+  }();
+  if (!checked) co_return tag(checked.error());
+  using keep = std::tuple<gpu_ref<T>, state_ptr>;
+  co_return co_await run_kernel(k_lib, core.strm, st->how, y, [&](launch& l) -> result<keep> {
+    BOOST_OUTCOME_TRY(const T* px, l.read(x));
+    BOOST_OUTCOME_TRY(T * py, l.write(y));
+    cublasStatus_t s;
+    {
+      std::lock_guard lk(core.enqueue_mu);
+      s = level_traits<T>::axpy(st->handle, p.n, alpha, px, p.incx, py, p.incy);
+    }
+    BOOST_OUTCOME_TRY(cublas_ok(s, level_traits<T>::axpy_name));
+    return keep{x, st};
+  });
+}
+
+template <class T>
+asio::awaitable<result<gpu_ref<T>>> do_scal(state_ptr st, std::int64_t n, double alpha,
+                                            gpu_ref<T> x, std::int64_t incx) {
+  constexpr std::string_view op = "scal";
+  auto& core = st->core;
+  if (auto ok = core.accepting(); !ok) co_return tag(ok.error());
+  auto pr = detail::check_vector_op(op, n, incx, x.size());
+  if (!pr) co_return tag(pr.error());
+  const auto& p = pr.value();
+  if (auto ok = check_arg(op, "x", x, core.dev, p.x_elems); !ok) co_return tag(ok.error());
+  co_return co_await run_kernel(k_lib, core.strm, st->how, x, [&](launch& l) -> result<state_ptr> {
+    BOOST_OUTCOME_TRY(T * px, l.write(x));
+    cublasStatus_t s;
+    {
+      std::lock_guard lk(core.enqueue_mu);
+      s = level_traits<T>::scal(st->handle, p.n, alpha, px, p.incx);
+    }
+    BOOST_OUTCOME_TRY(cublas_ok(s, level_traits<T>::scal_name));
+    return st;
+  });
+}
+
+/// A reduction computed in device pointer mode into a one-element scratch
+/// buffer, copied (DMA, same stream) into pinned host memory: one operation,
+/// one wait, and the io thread never blocks. `prepare(launch&)` reads the
+/// inputs and returns the call `(cublasHandle_t, R*) -> cublasStatus_t`.
+template <class R, class Keep, class Prepare>
+asio::awaitable<result<R>> scalar_op(state_ptr st, std::string_view call_name, Keep inputs,
+                                     Prepare prepare) {
+  auto& core = st->core;
+  auto scratch = core.dev.allocate<R>(1, core.strm);
+  if (!scratch) co_return tag(scratch.error());
+  auto host = core.dev.allocate_pinned<R>(1);
+  if (!host) co_return tag(host.error());
+  using keep = std::tuple<Keep, gpu_ref<R>, pinned_buffer<R>, state_ptr>;
+  auto got =
+      co_await run_kernel(k_lib, core.strm, st->how, host.value(), [&](launch& l) -> result<keep> {
+        BOOST_OUTCOME_TRY(R * pr, l.write(scratch.value()));
+        BOOST_OUTCOME_TRY(auto call, prepare(l));
+        cublasStatus_t mode, s = CUBLAS_STATUS_SUCCESS;
+        {
+          std::lock_guard lk(core.enqueue_mu);
+          mode = cublasSetPointerMode(st->handle, CUBLAS_POINTER_MODE_DEVICE);
+          if (mode == CUBLAS_STATUS_SUCCESS) {
+            s = call(st->handle, pr);
+            // Back to host mode for every other operation; cannot fail on a valid handle.
+            mode = cublasSetPointerMode(st->handle, CUBLAS_POINTER_MODE_HOST);
+          }
+        }
+        BOOST_OUTCOME_TRY(cublas_ok(s, call_name));
+        BOOST_OUTCOME_TRY(cublas_ok(mode, "cublasSetPointerMode"));
+        if (auto e = cudaMemcpyAsync(host.value().data(), pr, sizeof(R), cudaMemcpyDeviceToHost,
+                                     l.native_stream());
+            e != cudaSuccess)
+          return classify(e, "cudaMemcpyAsync");
+        return keep{inputs, scratch.value(), host.value(), st};
+      });
+  if (!got) co_return got.error();
+  co_return got.value()[0];
+}
+
+template <class T>
+asio::awaitable<result<T>> do_dot(state_ptr st, std::int64_t n, gpu_ref<T> x, gpu_ref<T> y,
+                                  std::int64_t incx, std::int64_t incy) {
+  constexpr std::string_view op = "dot";
+  auto& core = st->core;
+  if (auto ok = core.accepting(); !ok) co_return tag(ok.error());
+  auto pr = detail::check_dot(n, incx, x.size(), incy, y.size());
+  if (!pr) co_return tag(pr.error());
+  const auto p = pr.value();
+  if (auto ok = check_arg(op, "x", x, core.dev, p.x_elems); !ok) co_return tag(ok.error());
+  if (auto ok = check_arg(op, "y", y, core.dev, p.y_elems); !ok) co_return tag(ok.error());
+  co_return co_await scalar_op<T>(
+      st, level_traits<T>::dot_name, std::tuple{x, y},
+      [x, y, p](launch& l) -> result<std::function<cublasStatus_t(cublasHandle_t, T*)>> {
+        BOOST_OUTCOME_TRY(const T* px, l.read(x));
+        BOOST_OUTCOME_TRY(const T* py, l.read(y));
+        return [px, py, p](cublasHandle_t h, T* r) {
+          return level_traits<T>::dot(h, p.n, px, p.incx, py, p.incy, r);
+        };
+      });
+}
+
+/// nrm2, asum and iamax: one vector in, one scalar out.
+enum class reduction { nrm2, asum, iamax };
+
+template <class T, reduction Red>
+auto do_reduce(state_ptr st, std::int64_t n, gpu_ref<T> x, std::int64_t incx)
+    -> asio::awaitable<result<std::conditional_t<Red == reduction::iamax, int, T>>> {
+  using R = std::conditional_t<Red == reduction::iamax, int, T>;
+  constexpr std::string_view op = Red == reduction::nrm2   ? "nrm2"
+                                  : Red == reduction::asum ? "asum"
+                                                           : "iamax";
+  constexpr std::string_view call_name = Red == reduction::nrm2   ? level_traits<T>::nrm2_name
+                                         : Red == reduction::asum ? level_traits<T>::asum_name
+                                                                  : level_traits<T>::iamax_name;
+  auto& core = st->core;
+  if (auto ok = core.accepting(); !ok) co_return tag(ok.error());
+  auto pr = detail::check_vector_op(op, n, incx, x.size(), Red == reduction::iamax ? 1 : 0);
+  if (!pr) co_return tag(pr.error());
+  const auto p = pr.value();
+  if (auto ok = check_arg(op, "x", x, core.dev, p.x_elems); !ok) co_return tag(ok.error());
+  co_return co_await scalar_op<R>(
+      st, call_name, x,
+      [x, p](launch& l) -> result<std::function<cublasStatus_t(cublasHandle_t, R*)>> {
+        BOOST_OUTCOME_TRY(const T* px, l.read(x));
+        return [px, p](cublasHandle_t h, R* r) {
+          if constexpr (Red == reduction::nrm2)
+            return level_traits<T>::nrm2(h, p.n, px, p.incx, r);
+          else if constexpr (Red == reduction::asum)
+            return level_traits<T>::asum(h, p.n, px, p.incx, r);
+          else
+            return level_traits<T>::iamax(h, p.n, px, p.incx, r);
+        };
+      });
+}
+
+template <class T>
+asio::awaitable<result<std::int64_t>> do_iamax(state_ptr st, std::int64_t n, gpu_ref<T> x,
+                                               std::int64_t incx) {
+  auto r = co_await do_reduce<T, reduction::iamax>(std::move(st), n, std::move(x), incx);
+  if (!r) co_return r.error();
+  co_return static_cast<std::int64_t>(r.value()) - 1;  // cuBLAS counts from 1
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------- blas_actor
+
+result<blas_actor> blas_actor::create(device dev, blas_options options) {
+  if (!dev.impl()) return make_error(errc::invalid_argument, "blas_actor: empty device");
+  if (auto ok = dev.status(); !ok) return tag(ok.error());
+  if (!dev.options().libraries.cublas)
+    return tag(make_error(errc::not_supported,
+                          "blas_actor: cuBLAS is disabled in this device's library_set"));
+  auto s = dev.acquire_stream(options.streams.value_or(dev.options().streams), k_lib);
+  if (!s) return tag(s.error());
+  const completion how = options.how.value_or(dev.options().default_completion);
+  auto st = std::make_shared<blas_state>(dev, std::move(s).value(), how);
+
+  if (auto e = cudaSetDevice(dev.ordinal()); e != cudaSuccess)
+    return tag(classify(e, "cudaSetDevice"));
+  cublasHandle_t h = nullptr;
+  if (auto e = cublasCreate(&h); e != CUBLAS_STATUS_SUCCESS) {
+    cudaGetLastError();
+    return classify(e, "cublasCreate");
+  }
+  st->handle = h;  // destroyed with the state from here on
+  if (auto e = cublasSetStream(h, st->core.strm.native_handle()); e != CUBLAS_STATUS_SUCCESS)
+    return classify(e, "cublasSetStream");
+  if (auto e = cublasSetPointerMode(h, CUBLAS_POINTER_MODE_HOST); e != CUBLAS_STATUS_SUCCESS)
+    return classify(e, "cublasSetPointerMode");
+  blas_actor actor(std::move(st));
+  BOOST_OUTCOME_TRY(actor.set_tf32(options.tf32));
+  return actor;
+}
+
+const device& blas_actor::get_device() const noexcept {
+  return st_->core.dev;
+}
+const stream& blas_actor::get_stream() const noexcept {
+  return st_->core.strm;
+}
+const completion& blas_actor::get_completion() const noexcept {
+  return st_->how;
+}
+bool blas_actor::tf32() const noexcept {
+  return st_->tf32.load();
+}
+
+result<void> blas_actor::set_tf32(bool on) {
+  if (auto ok = st_->core.accepting(); !ok) return tag(ok.error());
+  std::lock_guard lk(st_->core.enqueue_mu);
+  const cublasMath_t mode = on ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_PEDANTIC_MATH;
+  if (auto e = cublasSetMathMode(st_->handle, mode); e != CUBLAS_STATUS_SUCCESS)
+    return classify(e, "cublasSetMathMode");
+  st_->tf32.store(on);
+  return outcome::success();
+}
+
+#define ATOMR_BLAS_GEMM(T)                                                                        \
+  asio::awaitable<result<gpu_ref<T>>> blas_actor::gemm(gemm_params p, gpu_ref<T> a, gpu_ref<T> b, \
+                                                       gpu_ref<T> c) const {                      \
+    return do_gemm<T>(st_, p, std::move(a), std::move(b), std::move(c));                          \
+  }                                                                                               \
+  asio::awaitable<result<gpu_ref<T>>> blas_actor::gemm_strided_batched(                           \
+      gemm_params p, batch_params b, gpu_ref<T> a, gpu_ref<T> bm, gpu_ref<T> c) const {           \
+    return do_gemm_batched<T>(st_, p, b, std::move(a), std::move(bm), std::move(c));              \
+  }
+ATOMR_BLAS_GEMM(float)
+ATOMR_BLAS_GEMM(double)
+ATOMR_BLAS_GEMM(half)
+ATOMR_BLAS_GEMM(bfloat16)
+#undef ATOMR_BLAS_GEMM
+
+#define ATOMR_BLAS_LEVEL12(T)                                                                      \
+  asio::awaitable<result<gpu_ref<T>>> blas_actor::gemv(gemv_params p, gpu_ref<T> a, gpu_ref<T> x,  \
+                                                       gpu_ref<T> y) const {                       \
+    return do_gemv<T>(st_, p, std::move(a), std::move(x), std::move(y));                           \
+  }                                                                                                \
+  asio::awaitable<result<gpu_ref<T>>> blas_actor::axpy(std::int64_t n, double alpha, gpu_ref<T> x, \
+                                                       gpu_ref<T> y, std::int64_t incx,            \
+                                                       std::int64_t incy) const {                  \
+    return do_axpy<T>(st_, n, alpha, std::move(x), std::move(y), incx, incy);                      \
+  }                                                                                                \
+  asio::awaitable<result<gpu_ref<T>>> blas_actor::scal(std::int64_t n, double alpha, gpu_ref<T> x, \
+                                                       std::int64_t incx) const {                  \
+    return do_scal<T>(st_, n, alpha, std::move(x), incx);                                          \
+  }                                                                                                \
+  asio::awaitable<result<T>> blas_actor::dot(std::int64_t n, gpu_ref<T> x, gpu_ref<T> y,           \
+                                             std::int64_t incx, std::int64_t incy) const {         \
+    return do_dot<T>(st_, n, std::move(x), std::move(y), incx, incy);                              \
+  }                                                                                                \
+  asio::awaitable<result<T>> blas_actor::nrm2(std::int64_t n, gpu_ref<T> x, std::int64_t incx)     \
+      const {                                                                                      \
+    return do_reduce<T, reduction::nrm2>(st_, n, std::move(x), incx);                              \
+  }                                                                                                \
+  asio::awaitable<result<T>> blas_actor::asum(std::int64_t n, gpu_ref<T> x, std::int64_t incx)     \
+      const {                                                                                      \
+    return do_reduce<T, reduction::asum>(st_, n, std::move(x), incx);                              \
+  }                                                                                                \
+  asio::awaitable<result<std::int64_t>> blas_actor::iamax(std::int64_t n, gpu_ref<T> x,            \
+                                                          std::int64_t incx) const {               \
+    return do_iamax<T>(st_, n, std::move(x), incx);                                                \
+  }
+ATOMR_BLAS_LEVEL12(float)
+ATOMR_BLAS_LEVEL12(double)
+#undef ATOMR_BLAS_LEVEL12
+
+}  // namespace atomr::cuda

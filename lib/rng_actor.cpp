@@ -1,0 +1,439 @@
+// rng_actor: one cuRAND generator bound to one stream, launched through run_kernel.
+#include "atomr/cuda/rng_actor.hpp"
+
+#include "atomr/cuda/detail/actor_core.hpp"
+#include "atomr/cuda/run_kernel.hpp"
+
+#include <cmath>
+#include <mutex>
+#include <string>
+#include <utility>
+
+namespace atomr::cuda {
+
+std::string_view to_string(rng_kind k) noexcept {
+  switch (k) {
+    case rng_kind::philox4_32_10:
+      return "philox4_32_10";
+    case rng_kind::xorwow:
+      return "xorwow";
+    case rng_kind::mrg32k3a:
+      return "mrg32k3a";
+    case rng_kind::mtgp32:
+      return "mtgp32";
+    case rng_kind::sobol32:
+      return "sobol32";
+    case rng_kind::scrambled_sobol32:
+      return "scrambled_sobol32";
+    case rng_kind::sobol64:
+      return "sobol64";
+    case rng_kind::scrambled_sobol64:
+      return "scrambled_sobol64";
+  }
+  return "unknown";
+}
+
+namespace detail {
+
+namespace {
+
+constexpr std::string_view k_lib = "curand";
+
+bool known_kind(rng_kind k) noexcept {
+  return static_cast<unsigned>(k) <= static_cast<unsigned>(rng_kind::scrambled_sobol64);
+}
+
+curandRngType_t native_kind(rng_kind k) noexcept {
+  switch (k) {
+    case rng_kind::philox4_32_10:
+      return CURAND_RNG_PSEUDO_PHILOX4_32_10;
+    case rng_kind::xorwow:
+      return CURAND_RNG_PSEUDO_XORWOW;
+    case rng_kind::mrg32k3a:
+      return CURAND_RNG_PSEUDO_MRG32K3A;
+    case rng_kind::mtgp32:
+      return CURAND_RNG_PSEUDO_MTGP32;
+    case rng_kind::sobol32:
+      return CURAND_RNG_QUASI_SOBOL32;
+    case rng_kind::scrambled_sobol32:
+      return CURAND_RNG_QUASI_SCRAMBLED_SOBOL32;
+    case rng_kind::sobol64:
+      return CURAND_RNG_QUASI_SOBOL64;
+    case rng_kind::scrambled_sobol64:
+      return CURAND_RNG_QUASI_SCRAMBLED_SOBOL64;
+  }
+  return CURAND_RNG_PSEUDO_PHILOX4_32_10;
+}
+
+std::string kind_name(rng_kind k) {
+  return std::string(to_string(k));
+}
+
+std::string num(double v) {
+  // Shortest readable form: "0.5", "-1", "nan", "inf".
+  if (std::isnan(v)) return "nan";
+  if (std::isinf(v)) return v > 0 ? "inf" : "-inf";
+  std::string s = std::to_string(v);
+  while (!s.empty() && s.back() == '0') s.pop_back();
+  if (!s.empty() && s.back() == '.') s.pop_back();
+  return s;
+}
+
+}  // namespace
+
+bool is_quasi(rng_kind k) noexcept {
+  switch (k) {
+    case rng_kind::sobol32:
+    case rng_kind::scrambled_sobol32:
+    case rng_kind::sobol64:
+    case rng_kind::scrambled_sobol64:
+      return true;
+    default:
+      return false;
+  }
+}
+
+bool is_64bit(rng_kind k) noexcept {
+  return k == rng_kind::sobol64 || k == rng_kind::scrambled_sobol64;
+}
+
+result<void> check_rng_seed(rng_kind k) {
+  if (is_quasi(k))
+    return bad_argument(
+        "set_seed", "seed",
+        "cannot be set: " + kind_name(k) + " is a quasi-random generator, which has no seed");
+  return outcome::success();
+}
+
+result<void> check_rng_offset(rng_kind k, std::uint64_t offset) {
+  if (k == rng_kind::mtgp32 && offset != 0)
+    return bad_argument("set_offset", "offset",
+                        "(" + std::to_string(offset) +
+                            ") must be 0 for mtgp32: cuRAND cannot skip ahead in MTGP32");
+  return outcome::success();
+}
+
+result<void> check_rng_options(const rng_options& o) {
+  constexpr std::string_view op = "rng_actor::create";
+  if (!known_kind(o.kind))
+    return bad_argument(
+        op, "kind",
+        "(" + std::to_string(static_cast<unsigned>(o.kind)) + ") is not a known generator");
+  if (o.seed && is_quasi(o.kind))
+    return bad_argument(
+        op, "seed",
+        "cannot be set: " + kind_name(o.kind) + " is a quasi-random generator, which has no seed");
+  if (is_quasi(o.kind)) {
+    if (o.dimensions < 1 || o.dimensions > rng_max_dimensions)
+      return bad_argument(op, "dimensions",
+                          "(" + std::to_string(o.dimensions) + ") must be 1 to " +
+                              std::to_string(rng_max_dimensions));
+  } else if (o.dimensions != 1) {
+    return bad_argument(op, "dimensions",
+                        "(" + std::to_string(o.dimensions) + ") must be 1: " + kind_name(o.kind) +
+                            " is a pseudo-random generator; dimensions are for quasi-random ones");
+  }
+  if (o.kind == rng_kind::mtgp32 && o.offset != 0)
+    return bad_argument(op, "offset",
+                        "(" + std::to_string(o.offset) +
+                            ") must be 0 for mtgp32: cuRAND cannot skip ahead in MTGP32");
+  return outcome::success();
+}
+
+result<void> check_rng_count(std::string_view op, rng_kind k, unsigned dimensions,
+                             std::size_t count, bool pairs) {
+  if (count == 0) return bad_argument(op, "out", "is empty (0 elements to generate)");
+  if (is_quasi(k)) {
+    if (dimensions == 0 || count % dimensions != 0)
+      return bad_argument(op, "out",
+                          "size (" + std::to_string(count) + ") must be a multiple of the " +
+                              std::to_string(dimensions) + " dimensions of the " + kind_name(k) +
+                              " generator (one value per dimension per point)");
+  } else if (pairs && count % 2 != 0) {
+    return bad_argument(op, "out",
+                        "size (" + std::to_string(count) +
+                            ") must be even: cuRAND makes normal values in pairs (Box-Muller) "
+                            "with the pseudo-random generator " +
+                            kind_name(k));
+  }
+  return outcome::success();
+}
+
+result<void> check_rng_normal(std::string_view op, double mean, double stddev) {
+  if (!std::isfinite(mean)) return bad_argument(op, "mean", "(" + num(mean) + ") must be finite");
+  if (!std::isfinite(stddev) || !(stddev > 0))
+    return bad_argument(op, "stddev", "(" + num(stddev) + ") must be finite and > 0");
+  return outcome::success();
+}
+
+result<void> check_rng_lambda(std::string_view op, double lambda) {
+  if (!std::isfinite(lambda) || !(lambda > 0) || lambda > rng_max_lambda)
+    return bad_argument(op, "lambda",
+                        "(" + num(lambda) + ") must be > 0 and <= " + num(rng_max_lambda));
+  return outcome::success();
+}
+
+result<void> check_rng_raw_bits(std::string_view op, rng_kind k, unsigned bits) {
+  if (bits == 64 && !is_64bit(k))
+    return bad_argument(op, "out",
+                        "is gpu_ref<uint64>, but " + kind_name(k) +
+                            " makes 32-bit values: 64-bit raw values come only from sobol64 and "
+                            "scrambled_sobol64 (use gpu_ref<uint32>)");
+  if (bits == 32 && is_64bit(k))
+    return bad_argument(
+        op, "out",
+        "is gpu_ref<uint32>, but " + kind_name(k) + " makes 64-bit values (use gpu_ref<uint64>)");
+  if (bits != 32 && bits != 64)
+    return bad_argument(op, "out", "raw values are 32 or 64 bits, not " + std::to_string(bits));
+  return outcome::success();
+}
+
+/// The shared state behind rng_actor handles. Operations keep it alive until
+/// the GPU is done with them (it is their run_kernel keep-alive).
+struct rng_state {
+  rng_state(device d, stream s, rng_kind k, unsigned dims, completion c)
+      : core(std::move(d), std::move(s)), kind(k), dimensions(dims), how(c) {}
+  rng_state(const rng_state&) = delete;
+  rng_state& operator=(const rng_state&) = delete;
+  ~rng_state() {
+    if (gen == nullptr) return;
+    // A poisoned context is never called again (its memory dies with the process).
+    if (core.dev.health() == health_state::poisoned) return;
+    if (cudaSetDevice(core.dev.ordinal()) != cudaSuccess) {
+      cudaGetLastError();
+      return;
+    }
+    curandDestroyGenerator(gen);
+  }
+
+  actor_core core;
+  rng_kind kind;
+  unsigned dimensions;
+  completion how;
+  curandGenerator_t gen = nullptr;  // guarded by core.enqueue_mu once published
+  std::uint64_t seed = 0;           // the last seed set (cuRAND's default is 0); same guard
+};
+
+namespace {
+
+result<void> curand_ok(curandStatus_t st, std::string_view call) {
+  if (st == CURAND_STATUS_SUCCESS) return outcome::success();
+  return classify(st, call);
+}
+
+/// Checks `out` and launches `call(gen, ptr, count)` under the enqueue lock.
+/// `pre` holds the pure argument checks' verdict, made before this is called.
+template <class T, class Call>
+asio::awaitable<result<gpu_ref<T>>> generate(std::shared_ptr<rng_state> st, std::string_view op,
+                                             gpu_ref<T> out, result<void> pre, Call call,
+                                             std::string_view call_name) {
+  if (auto ok = st->core.accepting(); !ok) co_return ok.error().tagged(k_lib);
+  if (auto ok = check_ref(op, "out", out, st->core.dev, 0); !ok) co_return ok.error().tagged(k_lib);
+  if (!pre) co_return pre.error().tagged(k_lib);
+  co_return co_await run_kernel(
+      k_lib, st->core.strm, st->how, out, [&](launch& l) -> result<std::shared_ptr<rng_state>> {
+        BOOST_OUTCOME_TRY(T * p, l.write(out));
+        std::lock_guard lock(st->core.enqueue_mu);
+        BOOST_OUTCOME_TRY(curand_ok(call(st->gen, p, out.size()), call_name));
+        return st;  // the generator (and its state memory) outlives the kernel
+      });
+}
+
+}  // namespace
+
+}  // namespace detail
+
+result<rng_actor> rng_actor::create(device dev, rng_options options) {
+  if (!dev.impl())
+    return detail::bad_argument("rng_actor::create", "dev", "is an empty device handle")
+        .tagged(detail::k_lib);
+  if (auto ok = dev.status(); !ok) return ok.error().tagged(detail::k_lib);
+  if (!dev.options().libraries.curand)
+    return make_error(errc::not_supported,
+                      "rng_actor::create: cuRAND is disabled in this device's options "
+                      "(device_options::libraries.curand)")
+        .tagged(detail::k_lib);
+  if (auto ok = detail::check_rng_options(options); !ok) return ok.error().tagged(detail::k_lib);
+
+  auto s = dev.acquire_stream(options.streams.value_or(dev.options().streams), "curand");
+  if (!s) return s.error().tagged(detail::k_lib);
+  completion how = options.how.value_or(dev.options().default_completion);
+  auto st = std::make_shared<detail::rng_state>(dev, std::move(s).value(), options.kind,
+                                                options.dimensions, how);
+
+  if (auto e = cudaSetDevice(dev.ordinal()); e != cudaSuccess)
+    return classify(e, "cudaSetDevice").tagged(detail::k_lib);
+  if (auto ok =
+          detail::curand_ok(curandCreateGenerator(&st->gen, detail::native_kind(options.kind)),
+                            "curandCreateGenerator");
+      !ok) {
+    st->gen = nullptr;
+    return ok.error();
+  }
+  BOOST_OUTCOME_TRY(detail::curand_ok(curandSetStream(st->gen, st->core.strm.native_handle()),
+                                      "curandSetStream"));
+  if (options.seed) {
+    BOOST_OUTCOME_TRY(detail::curand_ok(curandSetPseudoRandomGeneratorSeed(st->gen, *options.seed),
+                                        "curandSetPseudoRandomGeneratorSeed"));
+    st->seed = *options.seed;
+  }
+  if (options.offset != 0) {
+    BOOST_OUTCOME_TRY(detail::curand_ok(curandSetGeneratorOffset(st->gen, options.offset),
+                                        "curandSetGeneratorOffset"));
+  }
+  if (detail::is_quasi(options.kind)) {
+    BOOST_OUTCOME_TRY(
+        detail::curand_ok(curandSetQuasiRandomGeneratorDimensions(st->gen, options.dimensions),
+                          "curandSetQuasiRandomGeneratorDimensions"));
+  }
+  return rng_actor(std::move(st));
+}
+
+asio::awaitable<result<gpu_ref<float>>> rng_actor::uniform(gpu_ref<float> out) const {
+  constexpr std::string_view op = "uniform";
+  auto pre = detail::check_rng_count(op, st_->kind, st_->dimensions, out.size(), false);
+  return detail::generate(
+      st_, op, std::move(out), std::move(pre),
+      [](curandGenerator_t g, float* p, std::size_t n) { return curandGenerateUniform(g, p, n); },
+      "curandGenerateUniform");
+}
+
+asio::awaitable<result<gpu_ref<double>>> rng_actor::uniform(gpu_ref<double> out) const {
+  constexpr std::string_view op = "uniform";
+  auto pre = detail::check_rng_count(op, st_->kind, st_->dimensions, out.size(), false);
+  return detail::generate(
+      st_, op, std::move(out), std::move(pre),
+      [](curandGenerator_t g, double* p, std::size_t n) {
+        return curandGenerateUniformDouble(g, p, n);
+      },
+      "curandGenerateUniformDouble");
+}
+
+asio::awaitable<result<gpu_ref<float>>> rng_actor::normal(gpu_ref<float> out, float mean,
+                                                          float stddev) const {
+  constexpr std::string_view op = "normal";
+  result<void> pre = detail::check_rng_normal(op, mean, stddev);
+  if (pre) pre = detail::check_rng_count(op, st_->kind, st_->dimensions, out.size(), true);
+  return detail::generate(
+      st_, op, std::move(out), std::move(pre),
+      [mean, stddev](curandGenerator_t g, float* p, std::size_t n) {
+        return curandGenerateNormal(g, p, n, mean, stddev);
+      },
+      "curandGenerateNormal");
+}
+
+asio::awaitable<result<gpu_ref<double>>> rng_actor::normal(gpu_ref<double> out, double mean,
+                                                           double stddev) const {
+  constexpr std::string_view op = "normal";
+  result<void> pre = detail::check_rng_normal(op, mean, stddev);
+  if (pre) pre = detail::check_rng_count(op, st_->kind, st_->dimensions, out.size(), true);
+  return detail::generate(
+      st_, op, std::move(out), std::move(pre),
+      [mean, stddev](curandGenerator_t g, double* p, std::size_t n) {
+        return curandGenerateNormalDouble(g, p, n, mean, stddev);
+      },
+      "curandGenerateNormalDouble");
+}
+
+asio::awaitable<result<gpu_ref<float>>> rng_actor::log_normal(gpu_ref<float> out, float mean,
+                                                              float stddev) const {
+  constexpr std::string_view op = "log_normal";
+  result<void> pre = detail::check_rng_normal(op, mean, stddev);
+  if (pre) pre = detail::check_rng_count(op, st_->kind, st_->dimensions, out.size(), true);
+  return detail::generate(
+      st_, op, std::move(out), std::move(pre),
+      [mean, stddev](curandGenerator_t g, float* p, std::size_t n) {
+        return curandGenerateLogNormal(g, p, n, mean, stddev);
+      },
+      "curandGenerateLogNormal");
+}
+
+asio::awaitable<result<gpu_ref<double>>> rng_actor::log_normal(gpu_ref<double> out, double mean,
+                                                               double stddev) const {
+  constexpr std::string_view op = "log_normal";
+  result<void> pre = detail::check_rng_normal(op, mean, stddev);
+  if (pre) pre = detail::check_rng_count(op, st_->kind, st_->dimensions, out.size(), true);
+  return detail::generate(
+      st_, op, std::move(out), std::move(pre),
+      [mean, stddev](curandGenerator_t g, double* p, std::size_t n) {
+        return curandGenerateLogNormalDouble(g, p, n, mean, stddev);
+      },
+      "curandGenerateLogNormalDouble");
+}
+
+asio::awaitable<result<gpu_ref<std::uint32_t>>> rng_actor::poisson(gpu_ref<std::uint32_t> out,
+                                                                   double lambda) const {
+  constexpr std::string_view op = "poisson";
+  result<void> pre = detail::check_rng_lambda(op, lambda);
+  if (pre) pre = detail::check_rng_count(op, st_->kind, st_->dimensions, out.size(), false);
+  return detail::generate(
+      st_, op, std::move(out), std::move(pre),
+      [lambda](curandGenerator_t g, std::uint32_t* p, std::size_t n) {
+        return curandGeneratePoisson(g, p, n, lambda);
+      },
+      "curandGeneratePoisson");
+}
+
+asio::awaitable<result<gpu_ref<std::uint32_t>>> rng_actor::raw(gpu_ref<std::uint32_t> out) const {
+  constexpr std::string_view op = "raw";
+  result<void> pre = detail::check_rng_raw_bits(op, st_->kind, 32);
+  if (pre) pre = detail::check_rng_count(op, st_->kind, st_->dimensions, out.size(), false);
+  return detail::generate(
+      st_, op, std::move(out), std::move(pre),
+      [](curandGenerator_t g, std::uint32_t* p, std::size_t n) { return curandGenerate(g, p, n); },
+      "curandGenerate");
+}
+
+asio::awaitable<result<gpu_ref<std::uint64_t>>> rng_actor::raw(gpu_ref<std::uint64_t> out) const {
+  constexpr std::string_view op = "raw";
+  result<void> pre = detail::check_rng_raw_bits(op, st_->kind, 64);
+  if (pre) pre = detail::check_rng_count(op, st_->kind, st_->dimensions, out.size(), false);
+  static_assert(sizeof(unsigned long long) == sizeof(std::uint64_t));
+  return detail::generate(
+      st_, op, std::move(out), std::move(pre),
+      [](curandGenerator_t g, std::uint64_t* p, std::size_t n) {
+        return curandGenerateLongLong(g, reinterpret_cast<unsigned long long*>(p), n);
+      },
+      "curandGenerateLongLong");
+}
+
+result<void> rng_actor::set_seed(std::uint64_t seed) const {
+  if (auto ok = st_->core.accepting(); !ok) return ok.error().tagged(detail::k_lib);
+  if (auto ok = detail::check_rng_seed(st_->kind); !ok) return ok.error().tagged(detail::k_lib);
+  std::lock_guard lock(st_->core.enqueue_mu);
+  BOOST_OUTCOME_TRY(detail::curand_ok(curandSetPseudoRandomGeneratorSeed(st_->gen, seed),
+                                      "curandSetPseudoRandomGeneratorSeed"));
+  st_->seed = seed;
+  // MTGP32 has no offset: a new seed rebuilds its state from the start.
+  if (st_->kind == rng_kind::mtgp32) return outcome::success();
+  return detail::curand_ok(curandSetGeneratorOffset(st_->gen, 0), "curandSetGeneratorOffset");
+}
+
+result<void> rng_actor::set_offset(std::uint64_t offset) const {
+  if (auto ok = st_->core.accepting(); !ok) return ok.error().tagged(detail::k_lib);
+  if (auto ok = detail::check_rng_offset(st_->kind, offset); !ok)
+    return ok.error().tagged(detail::k_lib);
+  std::lock_guard lock(st_->core.enqueue_mu);
+  if (st_->kind == rng_kind::mtgp32)  // offset 0: restart by re-applying the seed
+    return detail::curand_ok(curandSetPseudoRandomGeneratorSeed(st_->gen, st_->seed),
+                             "curandSetPseudoRandomGeneratorSeed");
+  return detail::curand_ok(curandSetGeneratorOffset(st_->gen, offset), "curandSetGeneratorOffset");
+}
+
+rng_kind rng_actor::kind() const noexcept {
+  return st_->kind;
+}
+unsigned rng_actor::dimensions() const noexcept {
+  return st_->dimensions;
+}
+const device& rng_actor::get_device() const noexcept {
+  return st_->core.dev;
+}
+const stream& rng_actor::get_stream() const noexcept {
+  return st_->core.strm;
+}
+const completion& rng_actor::how() const noexcept {
+  return st_->how;
+}
+
+}  // namespace atomr::cuda

@@ -1,0 +1,526 @@
+// blas_actor on the GPU: every operation against a double-precision CPU
+// reference, random inputs (never zero), outputs filled with NaN first.
+#include <atomr/cuda.hpp>
+#include <atomr/cuda/blas_actor.hpp>
+
+#include "gpu_fixture.hpp"
+
+#include <boost/asio/co_spawn.hpp>
+#include <boost/asio/detached.hpp>
+#include <doctest/doctest.h>
+
+#include <atomic>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <span>
+#include <string>
+#include <thread>
+#include <type_traits>
+#include <vector>
+
+using namespace atomr::cuda;
+using atomr::cuda::test::gpu_fixture;
+
+namespace {
+
+template <class T>
+T from_double(double v) {
+  if constexpr (std::is_same_v<T, half>)
+    return __float2half(static_cast<float>(v));
+  else if constexpr (std::is_same_v<T, bfloat16>)
+    return __float2bfloat16(static_cast<float>(v));
+  else
+    return static_cast<T>(v);
+}
+
+template <class T>
+double to_double(T v) {
+  if constexpr (std::is_same_v<T, half>)
+    return static_cast<double>(__half2float(v));
+  else if constexpr (std::is_same_v<T, bfloat16>)
+    return static_cast<double>(__bfloat162float(v));
+  else
+    return static_cast<double>(v);
+}
+
+/// Uniform in [-1, 1) with |v| >= 1/64: never zero, also after rounding to f16/bf16.
+template <class T>
+std::vector<T> random_values(std::size_t n, std::uint64_t seed) {
+  auto f = atomr::cuda::test::random_floats(n, seed);
+  std::vector<T> out(n);
+  for (std::size_t i = 0; i < n; ++i) {
+    double v = f[i];
+    if (std::fabs(v) < 1.0 / 64) v = v < 0 ? -0.5 : 0.5;
+    out[i] = from_double<T>(v);
+  }
+  return out;
+}
+
+template <class T>
+T nan_value() {
+  return from_double<T>(std::numeric_limits<double>::quiet_NaN());
+}
+
+/// Tolerance of the issue: 1e-5 for f32 (no TF32) and f64, 1e-2 for f16/bf16.
+template <class T>
+constexpr double tolerance() {
+  return std::is_same_v<T, float> || std::is_same_v<T, double> ? 1e-5 : 1e-2;
+}
+
+struct blas_fixture : gpu_fixture {
+  blas_actor blas = blas_actor::create(dev).value();
+
+  template <class T>
+  gpu_ref<T> put(const std::vector<T>& v) {
+    auto r = alloc<T>(v.size());
+    auto up = run(upload(std::span<const T>(v), r));
+    REQUIRE(up);
+    return r;
+  }
+  template <class T>
+  gpu_ref<T> nan_buffer(std::size_t n) {
+    auto r = alloc<T>(n);
+    REQUIRE(run(fill_bytes(r, 0xFF)));
+    return r;
+  }
+  template <class T>
+  std::vector<T> get(const gpu_ref<T>& r) {
+    std::vector<T> out(r.size());
+    auto d = run(download(r, std::span<T>(out)));
+    REQUIRE(d);
+    return out;
+  }
+};
+
+struct gemm_case {
+  blas_op ta = blas_op::n, tb = blas_op::n;
+  int m = 0, n = 0, k = 0;
+  int lda = 0, ldb = 0, ldc = 0;  // actual (non-zero) leading dimensions
+  double alpha = 1, beta = 0;
+};
+
+gemm_case make_case(blas_op ta, blas_op tb, int m, int n, int k, int pad, double alpha,
+                    double beta) {
+  gemm_case c{ta, tb, m, n, k, 0, 0, 0, alpha, beta};
+  c.lda = (ta == blas_op::n ? m : k) + pad;
+  c.ldb = (tb == blas_op::n ? k : n) + pad;
+  c.ldc = m + pad;
+  return c;
+}
+
+std::size_t a_size(const gemm_case& c) {
+  return static_cast<std::size_t>(c.lda) * (c.ta == blas_op::n ? c.k : c.m);
+}
+std::size_t b_size(const gemm_case& c) {
+  return static_cast<std::size_t>(c.ldb) * (c.tb == blas_op::n ? c.n : c.k);
+}
+std::size_t c_size(const gemm_case& c) {
+  return static_cast<std::size_t>(c.ldc) * c.n;
+}
+
+/// op(X)[r][col] of a column-major X with leading dimension ld.
+template <class T>
+double at(const T* x, int ld, blas_op o, int r, int col) {
+  return o == blas_op::n ? to_double(x[static_cast<std::size_t>(col) * ld + r])
+                         : to_double(x[static_cast<std::size_t>(r) * ld + col]);
+}
+
+/// ||out - ref|| / ||ref|| over C's m x n entries; padding of C must be unchanged.
+template <class T>
+double gemm_error(const gemm_case& c, const T* a, const T* b, const T* c0, const T* out,
+                  bool beta_reads_c0) {
+  double num = 0, den = 0;
+  for (int j = 0; j < c.n; ++j) {
+    for (int i = 0; i < c.m; ++i) {
+      double acc = 0;
+      for (int p = 0; p < c.k; ++p) acc += at(a, c.lda, c.ta, i, p) * at(b, c.ldb, c.tb, p, j);
+      const std::size_t idx = static_cast<std::size_t>(j) * c.ldc + i;
+      double ref = c.alpha * acc + (beta_reads_c0 ? c.beta * to_double(c0[idx]) : 0.0);
+      double d = to_double(out[idx]) - ref;
+      num += d * d;
+      den += ref * ref;
+    }
+    for (int i = c.m; i < c.ldc; ++i) {
+      const std::size_t idx = static_cast<std::size_t>(j) * c.ldc + i;
+      if (!std::isnan(to_double(out[idx])) && to_double(out[idx]) != to_double(c0[idx]))
+        return std::numeric_limits<double>::infinity();  // wrote outside C
+    }
+  }
+  return std::sqrt(num / den);
+}
+
+gemm_params params_of(const gemm_case& c) {
+  return gemm_params{c.ta, c.tb, c.m, c.n, c.k, c.lda, c.ldb, c.ldc, c.alpha, c.beta};
+}
+
+std::vector<gemm_case> gemm_cases() {
+  return {
+      make_case(blas_op::n, blas_op::n, 37, 29, 41, 0, 1.0, 0.0),
+      make_case(blas_op::t, blas_op::n, 33, 20, 17, 3, 0.75, -1.25),
+      make_case(blas_op::n, blas_op::t, 16, 45, 24, 5, -1.5, 0.5),
+      make_case(blas_op::t, blas_op::t, 64, 31, 50, 2, 2.0, 1.75),
+  };
+}
+
+/// Runs every gemm case for T on `blas` and checks it against the reference.
+template <class T>
+void check_gemm_cases(blas_fixture& f, const blas_actor& blas, double tol) {
+  std::uint64_t seed = 11;
+  for (const auto& c : gemm_cases()) {
+    CAPTURE(static_cast<int>(c.ta));
+    CAPTURE(static_cast<int>(c.tb));
+    CAPTURE(c.alpha);
+    CAPTURE(c.beta);
+    auto ha = random_values<T>(a_size(c), seed++);
+    auto hb = random_values<T>(b_size(c), seed++);
+    auto a = f.put(ha);
+    auto b = f.put(hb);
+    std::vector<T> hc0;
+    gpu_ref<T> cref;
+    if (c.beta == 0) {
+      // beta == 0: C is not read, so NaN in it must not show.
+      cref = f.template nan_buffer<T>(c_size(c));
+      hc0.assign(c_size(c), nan_value<T>());
+    } else {
+      // beta != 0: C is an input; its padding is NaN and must stay so.
+      hc0 = random_values<T>(c_size(c), seed++);
+      for (int j = 0; j < c.n; ++j)
+        for (int i = c.m; i < c.ldc; ++i)
+          hc0[static_cast<std::size_t>(j) * c.ldc + i] = nan_value<T>();
+      cref = f.put(hc0);
+    }
+    auto r = f.run(blas.gemm(params_of(c), a, b, cref));
+    REQUIRE(r);
+    auto out = f.get(cref);
+    double err = gemm_error(c, ha.data(), hb.data(), hc0.data(), out.data(), c.beta != 0);
+    CAPTURE(err);
+    CHECK(err < tol);
+  }
+}
+
+}  // namespace
+
+TEST_CASE_FIXTURE(blas_fixture, "gemm f32, f64, f16 and bf16 against a double reference") {
+  CHECK_FALSE(blas.tf32());
+  SUBCASE("f32") {
+    check_gemm_cases<float>(*this, blas, tolerance<float>());
+  }
+  SUBCASE("f64") {
+    check_gemm_cases<double>(*this, blas, tolerance<double>());
+  }
+  SUBCASE("f16") {
+    check_gemm_cases<half>(*this, blas, tolerance<half>());
+  }
+  SUBCASE("bf16") {
+    check_gemm_cases<bfloat16>(*this, blas, tolerance<bfloat16>());
+  }
+}
+
+TEST_CASE_FIXTURE(blas_fixture, "gemm f32 with TF32 math, switched on and off") {
+  auto tf = blas_actor::create(dev, {.tf32 = true}).value();
+  CHECK(tf.tf32());
+  check_gemm_cases<float>(*this, tf, 1e-2);
+  REQUIRE(tf.set_tf32(false));
+  CHECK_FALSE(tf.tf32());
+  check_gemm_cases<float>(*this, tf, 1e-5);
+}
+
+namespace {
+template <class T>
+void check_batched(blas_fixture& f, double tol) {
+  const int count = 3;
+  auto c = make_case(blas_op::t, blas_op::n, 19, 23, 13, 1, 1.25, -0.5);
+  // A broadcast (stride 0), B tight, C with a gap between batches.
+  const std::int64_t sa = 0, sb = static_cast<std::int64_t>(b_size(c)),
+                     sc = static_cast<std::int64_t>(c_size(c)) + 7;
+  auto ha = random_values<T>(a_size(c), 101);
+  auto hb = random_values<T>(b_size(c) * count, 102);
+  auto hc0 = random_values<T>(static_cast<std::size_t>(sc) * count, 103);
+  for (int bi = 0; bi < count; ++bi)
+    for (int j = 0; j < c.n; ++j)
+      for (int i = c.m; i < c.ldc; ++i)
+        hc0[static_cast<std::size_t>(bi * sc) + static_cast<std::size_t>(j) * c.ldc + i] =
+            nan_value<T>();
+  auto a = f.put(ha);
+  auto b = f.put(hb);
+  auto cref = f.put(hc0);
+  auto r = f.run(f.blas.gemm_strided_batched(
+      params_of(c), {.count = count, .stride_a = sa, .stride_b = sb, .stride_c = sc}, a, b, cref));
+  REQUIRE(r);
+  auto out = f.get(cref);
+  for (int bi = 0; bi < count; ++bi) {
+    CAPTURE(bi);
+    const std::size_t oc = static_cast<std::size_t>(bi * sc);
+    double err = gemm_error(c, ha.data(), hb.data() + static_cast<std::size_t>(bi * sb),
+                            hc0.data() + oc, out.data() + oc, true);
+    CHECK(err < tol);
+    // The gap after each C is untouched.
+    for (std::size_t i = c_size(c); i < static_cast<std::size_t>(sc); ++i)
+      CHECK(to_double(out[oc + i]) == to_double(hc0[oc + i]));
+  }
+}
+}  // namespace
+
+TEST_CASE_FIXTURE(blas_fixture, "strided-batched gemm") {
+  SUBCASE("f32") {
+    check_batched<float>(*this, 1e-5);
+  }
+  SUBCASE("f64") {
+    check_batched<double>(*this, 1e-5);
+  }
+  SUBCASE("f16") {
+    check_batched<half>(*this, 1e-2);
+  }
+  SUBCASE("bf16") {
+    check_batched<bfloat16>(*this, 1e-2);
+  }
+}
+
+namespace {
+template <class T>
+void check_gemv(blas_fixture& f) {
+  for (blas_op t : {blas_op::n, blas_op::t}) {
+    CAPTURE(static_cast<int>(t));
+    const int m = 45, n = 31, lda = 48, incx = 2, incy = 3;
+    const double alpha = -0.75, beta = 1.5;
+    const int xl = t == blas_op::n ? n : m, yl = t == blas_op::n ? m : n;
+    auto ha = random_values<T>(static_cast<std::size_t>(lda) * n, 201);
+    auto hx = random_values<T>(static_cast<std::size_t>(xl) * incx, 202);
+    auto hy = random_values<T>(static_cast<std::size_t>(yl) * incy, 203);
+    auto a = f.put(ha);
+    auto x = f.put(hx);
+    auto y = f.put(hy);
+    auto r = f.run(f.blas.gemv({.trans = t,
+                                .m = m,
+                                .n = n,
+                                .lda = lda,
+                                .incx = incx,
+                                .incy = incy,
+                                .alpha = alpha,
+                                .beta = beta},
+                               a, x, y));
+    REQUIRE(r);
+    auto out = f.get(y);
+    double num = 0, den = 0;
+    for (int i = 0; i < yl; ++i) {
+      double acc = 0;
+      for (int p = 0; p < xl; ++p) {
+        double aij = t == blas_op::n ? ha[static_cast<std::size_t>(p) * lda + i]
+                                     : ha[static_cast<std::size_t>(i) * lda + p];
+        acc += aij * hx[static_cast<std::size_t>(p) * incx];
+      }
+      const std::size_t yi = static_cast<std::size_t>(i) * incy;
+      double ref = alpha * acc + beta * hy[yi];
+      num += (out[yi] - ref) * (out[yi] - ref);
+      den += ref * ref;
+      // Between the strided elements nothing changes.
+      for (int g = 1; g < incy; ++g) CHECK(out[yi + g] == hy[yi + g]);
+    }
+    CHECK(std::sqrt(num / den) < 1e-5);
+  }
+}
+}  // namespace
+
+TEST_CASE_FIXTURE(blas_fixture, "gemv, both transposes, strided vectors") {
+  SUBCASE("f32") {
+    check_gemv<float>(*this);
+  }
+  SUBCASE("f64") {
+    check_gemv<double>(*this);
+  }
+}
+
+namespace {
+template <class T>
+void check_level1(blas_fixture& f) {
+  const int n = 1000, incx = 2;
+  auto hx = random_values<T>(static_cast<std::size_t>(n) * incx, 301);
+  auto hy = random_values<T>(n, 302);
+  hx[static_cast<std::size_t>(617) * incx] = T(3);  // the unique largest |x_i|
+  auto x = f.put(hx);
+
+  SUBCASE("axpy") {
+    auto y = f.put(hy);
+    REQUIRE(f.run(f.blas.axpy(n, 0.625, x, y, incx, 1)));
+    auto out = f.get(y);
+    double num = 0, den = 0;
+    for (int i = 0; i < n; ++i) {
+      double ref = 0.625 * hx[static_cast<std::size_t>(i) * incx] + hy[i];
+      num += (out[i] - ref) * (out[i] - ref);
+      den += ref * ref;
+    }
+    CHECK(std::sqrt(num / den) < 1e-5);
+  }
+  SUBCASE("scal") {
+    auto y = f.put(hy);
+    REQUIRE(f.run(f.blas.scal(n, -1.75, y)));
+    auto out = f.get(y);
+    double num = 0, den = 0;
+    for (int i = 0; i < n; ++i) {
+      double ref = -1.75 * hy[i];
+      num += (out[i] - ref) * (out[i] - ref);
+      den += ref * ref;
+    }
+    CHECK(std::sqrt(num / den) < 1e-5);
+  }
+  SUBCASE("dot") {
+    auto y = f.put(hy);
+    auto r = f.run(f.blas.dot(n, x, y, incx, 1));
+    REQUIRE(r);
+    double ref = 0;
+    for (int i = 0; i < n; ++i) ref += double(hx[static_cast<std::size_t>(i) * incx]) * hy[i];
+    CHECK(std::fabs(r.value() - ref) / std::fabs(ref) < 1e-5);
+  }
+  SUBCASE("nrm2") {
+    auto r = f.run(f.blas.nrm2(n, x, incx));
+    REQUIRE(r);
+    double ref = 0;
+    for (int i = 0; i < n; ++i)
+      ref +=
+          double(hx[static_cast<std::size_t>(i) * incx]) * hx[static_cast<std::size_t>(i) * incx];
+    ref = std::sqrt(ref);
+    CHECK(std::fabs(r.value() - ref) / ref < 1e-5);
+  }
+  SUBCASE("asum") {
+    auto r = f.run(f.blas.asum(n, x, incx));
+    REQUIRE(r);
+    double ref = 0;
+    for (int i = 0; i < n; ++i) ref += std::fabs(double(hx[static_cast<std::size_t>(i) * incx]));
+    CHECK(std::fabs(r.value() - ref) / ref < 1e-5);
+  }
+  SUBCASE("iamax") {
+    auto r = f.run(f.blas.iamax(n, x, incx));
+    REQUIRE(r);
+    CHECK(r.value() == 617);
+    // Every element checked: the first half does not contain it.
+    auto r2 = f.run(f.blas.iamax(617, x, incx));
+    REQUIRE(r2);
+    CHECK(r2.value() != 617);
+  }
+}
+}  // namespace
+
+TEST_CASE_FIXTURE(blas_fixture, "level-1 operations f32") {
+  check_level1<float>(*this);
+}
+TEST_CASE_FIXTURE(blas_fixture, "level-1 operations f64") {
+  check_level1<double>(*this);
+}
+
+namespace {
+template <class T>
+void check_invalid(const result<T>& r, const std::string& what) {
+  REQUIRE_FALSE(r);
+  CHECK(r.error().code() == errc::invalid_argument);
+  CAPTURE(r.error().message());
+  CHECK(r.error().message().find(what) != std::string::npos);
+}
+}  // namespace
+
+TEST_CASE_FIXTURE(blas_fixture, "every operation rejects bad arguments before any GPU call") {
+  auto a = alloc<float>(64), b = alloc<float>(64), c = alloc<float>(64);
+  auto d = alloc<double>(64), e = alloc<double>(64);
+  auto h = alloc<half>(64);
+  auto hb = alloc<bfloat16>(64);
+  const auto before = dev.statistics().ops_completed + dev.statistics().ops_failed;
+
+  check_invalid(run(blas.gemm({.m = 8, .n = 8, .k = 8, .lda = 4}, a, b, c)), "gemm: lda");
+  check_invalid(run(blas.gemm({.m = 9, .n = 8, .k = 8}, a, b, c)), "gemm: a has 64");
+  check_invalid(run(blas.gemm({.m = 8, .n = 8, .k = 8}, d, e, alloc<double>(8))), "gemm: c");
+  check_invalid(run(blas.gemm({.m = -1, .n = 8, .k = 8}, h, h, alloc<half>(64))), "gemm: m");
+  check_invalid(run(blas.gemm({.m = 8, .n = 8, .k = 9}, hb, hb, alloc<bfloat16>(64))), "gemm: a");
+  check_invalid(run(blas.gemm({.m = 8, .n = 8, .k = 8}, a, b, gpu_ref<float>{})), "gemm: c has 0");
+  // C may not alias A.
+  check_invalid(run(blas.gemm({.m = 4, .n = 4, .k = 4}, a.subspan(0, 16).value(), b,
+                              a.subspan(8, 16).value())),
+                "gemm: c overlaps a");
+
+  check_invalid(run(blas.gemm_strided_batched({.m = 4, .n = 4, .k = 4}, {.count = 2, .stride_c = 8},
+                                              a, b, c)),
+                "gemm_strided_batched: batch.stride_c");
+  check_invalid(run(blas.gemm_strided_batched({.m = 4, .n = 4, .k = 4}, {.count = 5}, d, e,
+                                              alloc<double>(80))),
+                "gemm_strided_batched: a");
+  check_invalid(run(blas.gemm_strided_batched({.m = 4, .n = 4, .k = 4}, {.count = -1}, h, h,
+                                              alloc<half>(16))),
+                "gemm_strided_batched: batch.count");
+  check_invalid(run(blas.gemm_strided_batched({.m = 4, .n = 4, .k = 4}, {.stride_a = -3}, hb, hb,
+                                              alloc<bfloat16>(16))),
+                "gemm_strided_batched: batch.stride_a");
+
+  check_invalid(run(blas.gemv({.m = 8, .n = 8, .incx = 0}, a, b, c)), "gemv: incx");
+  check_invalid(run(blas.gemv({.m = 8, .n = 8}, d, alloc<double>(7), e)), "gemv: x");
+  check_invalid(run(blas.axpy(65, 1.0, a, b)), "axpy: x");
+  check_invalid(run(blas.axpy(8, 1.0, d, e, 1, 0)), "axpy: incy");
+  check_invalid(run(blas.axpy(8, 1.0, a, a)), "axpy: y overlaps x");
+  check_invalid(run(blas.scal(8, 2.0, a, -1)), "scal: incx");
+  check_invalid(run(blas.scal(-8, 2.0, d)), "scal: n");
+  check_invalid(run(blas.dot(33, a, b, 2)), "dot: x");
+  check_invalid(run(blas.dot(8, d, e, 1, 0)), "dot: incy");
+  check_invalid(run(blas.nrm2(8, a, 0)), "nrm2: incx");
+  check_invalid(run(blas.nrm2(65, d)), "nrm2: x");
+  check_invalid(run(blas.asum(-1, a)), "asum: n");
+  check_invalid(run(blas.asum(8, d, 9)), "asum: x");
+  check_invalid(run(blas.iamax(0, a)), "iamax: n");
+  check_invalid(run(blas.iamax(8, d, -1)), "iamax: incx");
+
+  // Nothing reached run_kernel.
+  CHECK(dev.statistics().ops_completed + dev.statistics().ops_failed == before);
+}
+
+TEST_CASE_FIXTURE(blas_fixture, "a stopped device fails fast") {
+  auto a = alloc<float>(16);
+  dev.stop();
+  auto r = run(blas.gemm({.m = 4, .n = 4, .k = 4}, a, a, a));
+  REQUIRE_FALSE(r);
+  CHECK(r.error().code() == errc::device_unavailable);
+  auto s = run(blas.nrm2(4, a));
+  REQUIRE_FALSE(s);
+  CHECK(s.error().code() == errc::device_unavailable);
+  CHECK(blas.set_tf32(true).error().code() == errc::device_unavailable);
+}
+
+TEST_CASE_FIXTURE(blas_fixture, "several blas_actors on a 4-thread io_context") {
+  constexpr int actors = 4, jobs = 64, n = 48;
+  std::vector<blas_actor> pool;
+  for (int i = 0; i < actors; ++i)
+    pool.push_back(blas_actor::create(dev, {.streams = stream_policy::per_actor_fresh}).value());
+
+  std::vector<float> ha = random_values<float>(n * n, 401), hb = random_values<float>(n * n, 402);
+  std::vector<double> errors(jobs, -1.0);
+  std::atomic<int> left{jobs};
+  for (int j = 0; j < jobs; ++j) {
+    asio::co_spawn(
+        ioc,
+        [&, j]() -> asio::awaitable<void> {
+          const blas_actor& act = pool[static_cast<std::size_t>(j % actors)];
+          auto a = dev.allocate<float>(n * n).value();
+          auto b = dev.allocate<float>(n * n).value();
+          auto c = dev.allocate<float>(n * n).value();
+          if (co_await upload(std::span<const float>(ha), a) &&
+              co_await upload(std::span<const float>(hb), b) && co_await fill_bytes(c, 0xFF)) {
+            const double alpha = 1.0 + j;
+            auto r = co_await act.gemm({.m = n, .n = n, .k = n, .alpha = alpha}, a, b, c);
+            std::vector<float> out(n * n);
+            if (r && co_await download(c, std::span<float>(out))) {
+              for (auto& v : out) v = static_cast<float>(v / alpha);
+              errors[static_cast<std::size_t>(j)] =
+                  atomr::cuda::test::gemm_rel_error(ha, hb, out, n);
+            }
+          }
+          if (--left == 0) ioc.stop();
+        },
+        asio::detached);
+  }
+  ioc.restart();
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t) threads.emplace_back([&] { ioc.run_for(limit); });
+  for (auto& t : threads) t.join();
+  CHECK(left.load() == 0);
+  for (int j = 0; j < jobs; ++j) {
+    CAPTURE(j);
+    CHECK(errors[static_cast<std::size_t>(j)] >= 0.0);
+    CHECK(errors[static_cast<std::size_t>(j)] < 1e-5);
+  }
+}
