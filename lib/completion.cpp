@@ -34,8 +34,6 @@ std::string_view to_string(strategy s) noexcept {
 namespace detail {
 namespace {
 
-using work_guard = asio::any_completion_executor;
-
 class wait_op : public watched_wait, public std::enable_shared_from_this<wait_op> {
 public:
   wait_op(std::shared_ptr<device_impl> d, stream s, shared_event ev, const completion& how,
