@@ -5,43 +5,32 @@
 // device-to-device copy, and downloads into pinned and pageable memory. The
 // data comes back bit-exact or the program says where it did not.
 
-#include <atomr/cuda.hpp>
+#include "cli.hpp"
 
-#include <boost/asio/co_spawn.hpp>
-#include <boost/asio/io_context.hpp>
-#include <boost/asio/use_awaitable.hpp>
+#include <atomr/cuda.hpp>
 
 #include <cuda_runtime_api.h>
 
-#include <algorithm>
-#include <charconv>
-#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
-#include <exception>
 #include <limits>
 #include <optional>
 #include <span>
 #include <string>
 #include <string_view>
-#include <system_error>
 #include <vector>
 
 namespace {
 
 namespace asio = boost::asio;
 namespace cuda = atomr::cuda;
+using cli::exit_error;
+using cli::exit_mismatch;
+using cli::exit_ok;
 
-constexpr const char* prog = "atomr-device-info";
-
-// Exit statuses (sysexits.h values where one fits).
-constexpr int exit_ok = 0;
-constexpr int exit_error = 1;     // a library or CUDA error
-constexpr int exit_mismatch = 2;  // data came back different
-constexpr int exit_usage = 64;    // EX_USAGE
-constexpr int exit_no_gpu = 69;   // EX_UNAVAILABLE
+constexpr cli::program prog{"atomr-device-info"};
 
 constexpr std::size_t max_mib = std::size_t{1} << 20;  // 1 TiB: far beyond any GPU, no overflow
 constexpr unsigned max_reps = 100000;
@@ -71,95 +60,19 @@ void print_usage(std::FILE* to) {
                "  --help        print this help and exit\n"
                "Options also take the form --name=value.\n"
                "\n"
-               "Exit status:\n"
-               "  0   success\n"
-               "  1   a CUDA or library error (its message is printed)\n"
-               "  2   the data read back differs from the data sent\n"
-               "  64  bad command line (EX_USAGE)\n"
-               "  69  no usable GPU at that ordinal (EX_UNAVAILABLE)\n",
-               prog, max_mib, max_reps);
+               "%s",
+               prog.name, max_mib, max_reps,
+               cli::exit_status_help("the data read back differs from the data sent").c_str());
 }
 
-template <class Int>
-std::optional<Int> parse_int(std::string_view s, Int lo, Int hi) {
-  Int v{};
-  const char* end = s.data() + s.size();
-  auto [p, ec] = std::from_chars(s.data(), end, v);
-  if (s.empty() || ec != std::errc{} || p != end || v < lo || v > hi) return std::nullopt;
-  return v;
-}
-
-std::optional<cuda::strategy> parse_strategy(std::string_view s) {
-  for (auto k :
-       {cuda::strategy::event_poll, cuda::strategy::host_fn, cuda::strategy::blocking_sync})
-    if (s == cuda::to_string(k)) return k;
-  return std::nullopt;
-}
-
-cuda::completion completion_for(cuda::strategy s) {
-  switch (s) {
-    case cuda::strategy::host_fn:
-      return cuda::host_fn{};
-    case cuda::strategy::blocking_sync:
-      return cuda::blocking_sync{};
-    case cuda::strategy::event_poll:
-      break;
-  }
-  return cuda::event_poll{};
-}
-
-// Fills `out` from argv, or prints why not and returns the exit status.
+// Fills `out` from argv, or yields the exit status to end with.
 std::optional<int> parse_args(int argc, char** argv, cli_options& out) {
-  auto bad = [](std::string_view what) {
-    std::fprintf(stderr, "%s: %.*s\nTry '%s --help'.\n", prog, static_cast<int>(what.size()),
-                 what.data(), prog);
-    return exit_usage;
-  };
-  for (int i = 1; i < argc; ++i) {
-    std::string_view arg = argv[i];
-    if (arg == "--help" || arg == "-h") {
-      print_usage(stdout);
-      return exit_ok;
-    }
-    std::string_view name = arg, value;
-    bool has_value = false;
-    if (auto eq = arg.find('='); arg.starts_with("--") && eq != std::string_view::npos) {
-      name = arg.substr(0, eq);
-      value = arg.substr(eq + 1);
-      has_value = true;
-    }
-    if (name != "--device" && name != "--mib" && name != "--reps" && name != "--strategy")
-      return bad("unknown option '" + std::string(arg) + "'");
-    if (!has_value) {
-      if (i + 1 >= argc) return bad("option '" + std::string(name) + "' needs a value");
-      value = argv[++i];
-    }
-    const std::string shown = "'" + std::string(value) + "' for " + std::string(name);
-    if (name == "--device") {
-      auto v = parse_int<int>(value, 0, std::numeric_limits<int>::max());
-      if (!v) return bad("bad value " + shown + ": expected an ordinal >= 0");
-      out.device = *v;
-    } else if (name == "--mib") {
-      auto v = parse_int<std::size_t>(value, 1, max_mib);
-      if (!v) return bad("bad value " + shown + ": expected 1.." + std::to_string(max_mib));
-      out.mib = *v;
-    } else if (name == "--reps") {
-      auto v = parse_int<unsigned>(value, 1, max_reps);
-      if (!v) return bad("bad value " + shown + ": expected 1.." + std::to_string(max_reps));
-      out.reps = *v;
-    } else {
-      auto v = parse_strategy(value);
-      if (!v) return bad("bad value " + shown + ": expected event_poll, host_fn or blocking_sync");
-      out.strategy = *v;
-    }
-  }
-  return std::nullopt;
-}
-
-void print_error(std::string_view what, const cuda::gpu_error& e) {
-  const auto code = cuda::to_string(e.code());
-  std::fprintf(stderr, "%s: %.*s failed [%.*s]: %s\n", prog, static_cast<int>(what.size()),
-               what.data(), static_cast<int>(code.size()), code.data(), e.message().c_str());
+  return cli::options(prog, print_usage)
+      .integer("--device", out.device, 0, std::numeric_limits<int>::max(), "an ordinal >= 0")
+      .integer("--mib", out.mib, std::size_t{1}, max_mib)
+      .integer("--reps", out.reps, 1u, max_reps)
+      .strategy("--strategy", out.strategy)
+      .parse(argc, argv);
 }
 
 double mib_of(std::size_t bytes) {
@@ -201,16 +114,10 @@ bool verify(std::string_view where, unsigned rep, std::span<const float> want,
   std::fprintf(stderr,
                "%s: MISMATCH in round %u, %.*s: element %zu is %a (0x%08x), expected %a "
                "(0x%08x)\n",
-               prog, rep + 1, static_cast<int>(where.size()), where.data(), *at,
+               prog.name, rep + 1, static_cast<int>(where.size()), where.data(), *at,
                static_cast<double>(got[*at]), static_cast<unsigned>(gb),
                static_cast<double>(want[*at]), static_cast<unsigned>(wb));
   return false;
-}
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const std::size_t n = v.size();
-  return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2.0;
 }
 
 void print_properties(const cuda::device& dev) {
@@ -266,30 +173,27 @@ struct step_times {
   std::vector<double> ms;
 };
 
-using clock_type = std::chrono::steady_clock;
-
-double elapsed_ms(clock_type::time_point since) {
-  return std::chrono::duration<double, std::milli>(clock_type::now() - since).count();
-}
+using cli::clock_type;
+using cli::elapsed_ms;
 
 // The timed round trips. Yields the exit status.
-asio::awaitable<int> round_trips(cuda::device dev, cli_options cli) {
-  const std::size_t count = cli.mib * (std::size_t{1} << 20) / sizeof(float);
+asio::awaitable<int> round_trips(cuda::device dev, cli_options args) {
+  const std::size_t count = args.mib * (std::size_t{1} << 20) / sizeof(float);
   const std::size_t bytes = count * sizeof(float);
 
   auto src = dev.allocate<float>(count);
   if (!src) {
-    print_error("allocate<float> (source buffer)", src.error());
+    prog.error("allocate<float> (source buffer)", src.error());
     co_return exit_error;
   }
   auto dst = dev.allocate<float>(count);
   if (!dst) {
-    print_error("allocate<float> (copy buffer)", dst.error());
+    prog.error("allocate<float> (copy buffer)", dst.error());
     co_return exit_error;
   }
   auto pinned = dev.allocate_pinned<float>(count);
   if (!pinned) {
-    print_error("allocate_pinned<float>", pinned.error());
+    prog.error("allocate_pinned<float>", pinned.error());
     co_return exit_error;
   }
   std::vector<float> sent(count), pageable(count);
@@ -298,10 +202,10 @@ asio::awaitable<int> round_trips(cuda::device dev, cli_options cli) {
                                 {"copy     device   -> device", {}},
                                 {"download device   -> pinned", {}},
                                 {"download device   -> pageable", {}}};
-  for (auto& s : steps) s.ms.reserve(cli.reps);
+  for (auto& s : steps) s.ms.reserve(args.reps);
 
-  std::printf("\nround trips: %u x %zu MiB (%zu floats)\n", cli.reps, cli.mib, count);
-  for (unsigned rep = 0; rep < cli.reps; ++rep) {
+  std::printf("\nround trips: %u x %zu MiB (%zu floats)\n", args.reps, args.mib, count);
+  for (unsigned rep = 0; rep < args.reps; ++rep) {
     for (std::size_t i = 0; i < count; ++i) sent[i] = pattern(i, rep);
     // Poison the host destinations so a stale round cannot pass for this one.
     std::memset(static_cast<void*>(pinned.value().data()), 0xFF, bytes);
@@ -311,7 +215,7 @@ asio::awaitable<int> round_trips(cuda::device dev, cli_options cli) {
     auto up = co_await cuda::upload(std::span<const float>(sent), src.value());
     steps[0].ms.push_back(elapsed_ms(t0));
     if (!up) {
-      print_error("upload", up.error());
+      prog.error("upload", up.error());
       co_return exit_error;
     }
 
@@ -319,7 +223,7 @@ asio::awaitable<int> round_trips(cuda::device dev, cli_options cli) {
     auto copied = co_await cuda::copy(up.value(), dst.value());
     steps[1].ms.push_back(elapsed_ms(t0));
     if (!copied) {
-      print_error("copy", copied.error());
+      prog.error("copy", copied.error());
       co_return exit_error;
     }
 
@@ -327,7 +231,7 @@ asio::awaitable<int> round_trips(cuda::device dev, cli_options cli) {
     auto down = co_await cuda::download(copied.value(), pinned.value());
     steps[2].ms.push_back(elapsed_ms(t0));
     if (!down) {
-      print_error("download (pinned)", down.error());
+      prog.error("download (pinned)", down.error());
       co_return exit_error;
     }
 
@@ -335,7 +239,7 @@ asio::awaitable<int> round_trips(cuda::device dev, cli_options cli) {
     auto down_pageable = co_await cuda::download(copied.value(), std::span<float>(pageable));
     steps[3].ms.push_back(elapsed_ms(t0));
     if (!down_pageable) {
-      print_error("download (pageable)", down_pageable.error());
+      prog.error("download (pageable)", down_pageable.error());
       co_return exit_error;
     }
 
@@ -346,68 +250,35 @@ asio::awaitable<int> round_trips(cuda::device dev, cli_options cli) {
                 steps[0].ms.back() + steps[1].ms.back() + steps[2].ms.back() + steps[3].ms.back());
   }
 
-  std::printf("\n  %-31s %9s %11s %9s\n", "step", "MiB", "median ms", "GB/s");
+  cli::table t({{"step", 31}, {"MiB", 9, 1}, {"median ms", 11, 3}, {"GB/s", 9, 2}});
   for (const auto& s : steps) {
-    const double ms = median(s.ms);
-    const double gbps = ms > 0 ? static_cast<double>(bytes) / (ms * 1e6) : 0.0;
-    std::printf("  %-31s %9.1f %11.3f %9.2f\n", s.name, mib_of(bytes), ms, gbps);
+    const double ms = cli::median(s.ms);
+    t.row(s.name, {mib_of(bytes), ms, cli::gb_per_s(static_cast<double>(bytes), ms * 1e3)});
   }
+  std::printf("\n");
+  t.print();
   std::printf(
       "  (bytes moved once per step; pageable steps include the host copy through a\n"
       "   pinned staging buffer; GB/s = 1e9 bytes per second)\n");
-  std::printf("  all %u rounds bit-exact\n", cli.reps);
+  std::printf("  all %u rounds bit-exact\n", args.reps);
   co_return exit_ok;
 }
 
-int run(const cli_options& cli) {
+int run(const cli_options& args) {
   asio::io_context ioc;
 
-  cuda::device_options opts;
-  if (cli.strategy) opts.default_completion = completion_for(*cli.strategy);
-
+  const cuda::device_options opts = cli::device_options_for(args.strategy);
   // Declared after the io_context so the device (whose timers live on it) goes first.
-  auto opened = cuda::device::open(ioc.get_executor(), cli.device, opts);
-  if (!opened) {
-    const auto& e = opened.error();
-    if (e.code() == cuda::errc::device_unavailable) {
-      const auto ws = cuda::to_string(opts.default_completion.kind);
-      std::fprintf(stderr, "%s: no usable GPU: %s\n", prog, e.message().c_str());
-      std::fprintf(stderr,
-                   "%s: would have printed device %d's properties and timed %u round trips of "
-                   "%zu MiB (upload, device copy, pinned and pageable download) with the %.*s "
-                   "strategy\n",
-                   prog, cli.device, cli.reps, cli.mib, static_cast<int>(ws.size()), ws.data());
-      return exit_no_gpu;
-    }
-    print_error("device::open", e);
-    return exit_error;
-  }
-  const cuda::device& dev = opened.value();
+  auto opened = cli::open_device(
+      prog, ioc.get_executor(), args.device, opts,
+      cli::format("printed device %d's properties and timed %u round trips of %zu MiB (upload, "
+                  "device copy, pinned and pageable download) with the %s strategy",
+                  args.device, args.reps, args.mib, cli::strategy_name(opts).c_str()));
+  if (!opened) return opened.status;
+  const cuda::device& dev = *opened.device;
 
   print_properties(dev);
-
-  int status = exit_error;
-  asio::co_spawn(ioc, round_trips(dev, cli), [&](std::exception_ptr ep, int rc) {
-    if (!ep) {
-      status = rc;
-      return;
-    }
-    try {
-      std::rethrow_exception(ep);
-    } catch (const std::exception& ex) {
-      std::fprintf(stderr, "%s: exception: %s\n", prog, ex.what());
-    } catch (...) {
-      std::fprintf(stderr, "%s: unknown exception\n", prog);
-    }
-    status = exit_error;
-  });
-  try {
-    ioc.run();
-  } catch (const std::exception& ex) {
-    std::fprintf(stderr, "%s: exception: %s\n", prog, ex.what());
-    status = exit_error;
-  }
-
+  const int status = cli::run(prog, ioc, round_trips(dev, args));
   print_statistics(dev);
   return status;
 }
@@ -415,7 +286,7 @@ int run(const cli_options& cli) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  cli_options cli;
-  if (auto done = parse_args(argc, argv, cli)) return *done;
-  return run(cli);
+  cli_options args;
+  if (auto done = parse_args(argc, argv, args)) return *done;
+  return run(args);
 }

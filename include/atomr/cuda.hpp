@@ -6,6 +6,9 @@
 #include <atomr/cuda/blas_actor.hpp>
 #endif
 #include <atomr/cuda/copy.hpp>
+#if ATOMR_CUDA_HAS_CUDNN
+#include <atomr/cuda/cudnn_actor.hpp>
+#endif
 #include <atomr/cuda/device.hpp>
 #include <atomr/cuda/element.hpp>
 #include <atomr/cuda/error.hpp>

@@ -49,9 +49,8 @@ result<void> check_ref(std::string_view op, std::string_view arg, const gpu_ref<
   if (r.state()->dev != dev.impl()) return bad_argument(op, arg, "belongs to another device");
   if (auto ok = r.check(); !ok) return ok.error();
   if (r.size() < needed)
-    return bad_argument(op, arg,
-                        "has " + std::to_string(r.size()) + " elements, needs " +
-                            std::to_string(needed));
+    return bad_argument(
+        op, arg, "has " + std::to_string(r.size()) + " elements, needs " + std::to_string(needed));
   return outcome::success();
 }
 
