@@ -33,6 +33,11 @@ result<void*> launch::access(const std::shared_ptr<detail::buffer_state>& st, bo
     return make_error(errc::invalid_argument,
                       "buffer of device " + std::to_string(st->dev->ordinal) +
                           " used on a stream of device " + std::to_string(d->ordinal));
+  // Already ordered by this launch (run_kernel declares outputs, then the
+  // enqueue asks again): no second round of stream waits.
+  auto seen =
+      std::find_if(touched_.begin(), touched_.end(), [&](const auto& t) { return t.first == st; });
+  if (seen != touched_.end() && (seen->second || !write)) return st->ptr;
   std::lock_guard lk(st->mu);
   auto wait_for = [&](const detail::access_stamp& a) -> result<void> {
     if (!a.done || a.stream_id == stream_.id()) return outcome::success();  // stream order suffices
@@ -46,7 +51,10 @@ result<void*> launch::access(const std::shared_ptr<detail::buffer_state>& st, bo
       BOOST_OUTCOME_TRY(wait_for(r));
     }
   }
-  touched_.emplace_back(st, write);
+  if (seen != touched_.end())
+    seen->second = true;  // a read upgraded to a write
+  else
+    touched_.emplace_back(st, write);
   return st->ptr;
 }
 

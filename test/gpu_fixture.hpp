@@ -132,7 +132,6 @@ struct gpu_fixture : io_fixture {
 
   /// Runs the io_context until the device has released every parked keep-alive.
   void drain_parked() {
-    asio::steady_timer t(ioc);
     for (int i = 0; i < 2000 && dev.statistics().parked > 0; ++i) {
       ioc.restart();
       ioc.run_for(std::chrono::milliseconds(5));
