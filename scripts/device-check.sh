@@ -17,6 +17,24 @@ echo "meson test rc=$?"
 grep -E "^ *[0-9]+/[0-9]+ |^(Ok|Fail|Skipped|Timeout): |test cases:|assertions:|ERROR:|values:|logged:|THREW|CRASHED" "$out/test.log" | head -60
 "$build"/samples/atomr-device-info --mib 64 --reps 5 >"$out/sample.log" 2>&1; echo "sample rc=$?"
 tail -22 "$out/sample.log"
+# The library-actor samples, each bounded so a hang costs a line, not the call.
+run_sample() {
+  local name=$1; shift
+  timeout 60 "$build/samples/$name" "$@" >"$out/$name$*.log" 2>&1
+  echo "$name $* rc=$?"; tail -"${SAMPLE_TAIL:-8}" "$out/$name$*.log"
+}
+if [ "${SAMPLES:-1}" = 1 ]; then
+  run_sample atomr-sgemm --n 4096 --reps 20
+  run_sample atomr-sgemm --n 4096 --reps 20 --tf32
+  run_sample atomr-sgemm --n 256 --reps 200 --strategy host_fn
+  run_sample atomr-fft --n 1048576 --reps 20
+  run_sample atomr-fft --n 4096 --batch 64 --reps 20 --double --strategy blocking_sync
+  run_sample atomr-rng --count 16777216 --reps 20
+  run_sample atomr-rng --count 1048576 --generator sobol32
+  [ -x "$build/samples/atomr-conv2d" ] && run_sample atomr-conv2d
+  run_sample atomr-concurrent --coroutines 1000 --threads 4
+  run_sample atomr-concurrent --coroutines 1000 --threads 1 --strategy host_fn
+fi
 # API errors are not counted: the tests provoke some on purpose (out of memory,
 # invalid launch) and assert them themselves; memcheck's job here is memory.
 if [ "${SANITIZE:-1}" = 1 ]; then
