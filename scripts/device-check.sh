@@ -20,8 +20,10 @@ tail -22 "$out/sample.log"
 # The library-actor samples, each bounded so a hang costs a line, not the call.
 run_sample() {
   local name=$1; shift
-  timeout 60 "$build/samples/$name" "$@" >"$out/$name$*.log" 2>&1
-  echo "$name $* rc=$?"; tail -"${SAMPLE_TAIL:-8}" "$out/$name$*.log"
+  sample_no=$((${sample_no:-0} + 1))
+  local log="$out/sample-$sample_no-$name.log"
+  timeout 60 "$build/samples/$name" "$@" >"$log" 2>&1
+  echo "$name $* rc=$?"; tail -"${SAMPLE_TAIL:-8}" "$log"
 }
 if [ "${SAMPLES:-1}" = 1 ]; then
   run_sample atomr-sgemm --n 4096 --reps 20
