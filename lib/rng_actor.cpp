@@ -5,7 +5,9 @@
 #include "atomr/cuda/run_kernel.hpp"
 
 #include <cmath>
+#include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <utility>
 
@@ -190,28 +192,38 @@ result<void> check_rng_raw_bits(std::string_view op, rng_kind k, unsigned bits) 
 
 /// The shared state behind rng_actor handles. Operations keep it alive until
 /// the GPU is done with them (it is their run_kernel keep-alive).
-struct rng_state {
-  rng_state(device d, stream s, rng_kind k, unsigned dims, completion c)
-      : core(std::move(d), std::move(s)), kind(k), dimensions(dims), how(c) {}
-  rng_state(const rng_state&) = delete;
-  rng_state& operator=(const rng_state&) = delete;
-  ~rng_state() {
+/// One cuRAND generator. Shared by the actor and by every kernel in flight
+/// that uses it (its state lives in device memory), so a generator replaced
+/// by set_seed on MTGP32 is destroyed only after its last kernel ends.
+struct generator {
+  explicit generator(device d) : dev(std::move(d)) {}
+  generator(const generator&) = delete;
+  generator& operator=(const generator&) = delete;
+  ~generator() {
     if (gen == nullptr) return;
     // A poisoned context is never called again (its memory dies with the process).
-    if (core.dev.health() == health_state::poisoned) return;
-    if (cudaSetDevice(core.dev.ordinal()) != cudaSuccess) {
+    if (dev.health() == health_state::poisoned) return;
+    if (cudaSetDevice(dev.ordinal()) != cudaSuccess) {
       cudaGetLastError();
       return;
     }
     curandDestroyGenerator(gen);
   }
 
+  device dev;
+  curandGenerator_t gen = nullptr;
+};
+
+struct rng_state {
+  rng_state(device d, stream s, rng_kind k, unsigned dims, completion c)
+      : core(std::move(d), std::move(s)), kind(k), dimensions(dims), how(c) {}
+
   actor_core core;
   rng_kind kind;
   unsigned dimensions;
   completion how;
-  curandGenerator_t gen = nullptr;  // guarded by core.enqueue_mu once published
-  std::uint64_t seed = 0;           // the last seed set (cuRAND's default is 0); same guard
+  std::shared_ptr<generator> gen;  // guarded by core.enqueue_mu once published
+  std::uint64_t seed = 0;          // the last seed set (cuRAND's default is 0); same guard
 };
 
 namespace {
@@ -219,6 +231,39 @@ namespace {
 result<void> curand_ok(curandStatus_t st, std::string_view call) {
   if (st == CURAND_STATUS_SUCCESS) return outcome::success();
   return classify(st, call);
+}
+
+/// A generator of `st`'s kind on its stream, seeded, at `offset`. MTGP32 is
+/// restarted this way: reseeding an MTGP32 generator that has already
+/// produced numbers does not restart its sequence (seen on the H200 with
+/// cuRAND of CUDA 13), so set_seed and set_offset(0) build a fresh one.
+result<std::shared_ptr<generator>> make_generator(const rng_state& st,
+                                                  std::optional<std::uint64_t> seed,
+                                                  std::uint64_t offset) {
+  if (auto e = cudaSetDevice(st.core.dev.ordinal()); e != cudaSuccess)
+    return classify(e, "cudaSetDevice").tagged(k_lib);
+  auto g = std::make_shared<generator>(st.core.dev);
+  if (auto ok = curand_ok(curandCreateGenerator(&g->gen, native_kind(st.kind)),
+                          "curandCreateGenerator");
+      !ok) {
+    g->gen = nullptr;
+    return ok.error();
+  }
+  BOOST_OUTCOME_TRY(
+      curand_ok(curandSetStream(g->gen, st.core.strm.native_handle()), "curandSetStream"));
+  if (seed) {
+    BOOST_OUTCOME_TRY(curand_ok(curandSetPseudoRandomGeneratorSeed(g->gen, *seed),
+                                "curandSetPseudoRandomGeneratorSeed"));
+  }
+  if (offset != 0) {
+    BOOST_OUTCOME_TRY(curand_ok(curandSetGeneratorOffset(g->gen, offset), "curandSetGeneratorOffset"));
+  }
+  if (is_quasi(st.kind)) {
+    BOOST_OUTCOME_TRY(
+        curand_ok(curandSetQuasiRandomGeneratorDimensions(g->gen, st.dimensions),
+                  "curandSetQuasiRandomGeneratorDimensions"));
+  }
+  return g;
 }
 
 /// Checks `out` and launches `call(gen, ptr, count)` under the enqueue lock.
@@ -231,11 +276,11 @@ asio::awaitable<result<gpu_ref<T>>> generate(std::shared_ptr<rng_state> st, std:
   if (auto ok = check_ref(op, "out", out, st->core.dev, 0); !ok) co_return ok.error().tagged(k_lib);
   if (!pre) co_return pre.error().tagged(k_lib);
   co_return co_await run_kernel(
-      k_lib, st->core.strm, st->how, out, [&](launch& l) -> result<std::shared_ptr<rng_state>> {
+      k_lib, st->core.strm, st->how, out, [&](launch& l) -> result<std::shared_ptr<generator>> {
         BOOST_OUTCOME_TRY(T * p, l.write(out));
         std::lock_guard lock(st->core.enqueue_mu);
-        BOOST_OUTCOME_TRY(curand_ok(call(st->gen, p, out.size()), call_name));
-        return st;  // the generator (and its state memory) outlives the kernel
+        BOOST_OUTCOME_TRY(curand_ok(call(st->gen->gen, p, out.size()), call_name));
+        return st->gen;  // the generator (and its state memory) outlives the kernel
       });
 }
 
@@ -261,31 +306,8 @@ result<rng_actor> rng_actor::create(device dev, rng_options options) {
   auto st = std::make_shared<detail::rng_state>(dev, std::move(s).value(), options.kind,
                                                 options.dimensions, how);
 
-  if (auto e = cudaSetDevice(dev.ordinal()); e != cudaSuccess)
-    return classify(e, "cudaSetDevice").tagged(detail::k_lib);
-  if (auto ok =
-          detail::curand_ok(curandCreateGenerator(&st->gen, detail::native_kind(options.kind)),
-                            "curandCreateGenerator");
-      !ok) {
-    st->gen = nullptr;
-    return ok.error();
-  }
-  BOOST_OUTCOME_TRY(detail::curand_ok(curandSetStream(st->gen, st->core.strm.native_handle()),
-                                      "curandSetStream"));
-  if (options.seed) {
-    BOOST_OUTCOME_TRY(detail::curand_ok(curandSetPseudoRandomGeneratorSeed(st->gen, *options.seed),
-                                        "curandSetPseudoRandomGeneratorSeed"));
-    st->seed = *options.seed;
-  }
-  if (options.offset != 0) {
-    BOOST_OUTCOME_TRY(detail::curand_ok(curandSetGeneratorOffset(st->gen, options.offset),
-                                        "curandSetGeneratorOffset"));
-  }
-  if (detail::is_quasi(options.kind)) {
-    BOOST_OUTCOME_TRY(
-        detail::curand_ok(curandSetQuasiRandomGeneratorDimensions(st->gen, options.dimensions),
-                          "curandSetQuasiRandomGeneratorDimensions"));
-  }
+  BOOST_OUTCOME_TRY(st->gen, detail::make_generator(*st, options.seed, options.offset));
+  if (options.seed) st->seed = *options.seed;
   return rng_actor(std::move(st));
 }
 
@@ -401,12 +423,16 @@ result<void> rng_actor::set_seed(std::uint64_t seed) const {
   if (auto ok = st_->core.accepting(); !ok) return ok.error().tagged(detail::k_lib);
   if (auto ok = detail::check_rng_seed(st_->kind); !ok) return ok.error().tagged(detail::k_lib);
   std::lock_guard lock(st_->core.enqueue_mu);
-  BOOST_OUTCOME_TRY(detail::curand_ok(curandSetPseudoRandomGeneratorSeed(st_->gen, seed),
-                                      "curandSetPseudoRandomGeneratorSeed"));
+  if (st_->kind == rng_kind::mtgp32) {
+    BOOST_OUTCOME_TRY(st_->gen, detail::make_generator(*st_, seed, 0));
+  } else {
+    BOOST_OUTCOME_TRY(detail::curand_ok(curandSetPseudoRandomGeneratorSeed(st_->gen->gen, seed),
+                                        "curandSetPseudoRandomGeneratorSeed"));
+    BOOST_OUTCOME_TRY(detail::curand_ok(curandSetGeneratorOffset(st_->gen->gen, 0),
+                                        "curandSetGeneratorOffset"));
+  }
   st_->seed = seed;
-  // MTGP32 has no offset: a new seed rebuilds its state from the start.
-  if (st_->kind == rng_kind::mtgp32) return outcome::success();
-  return detail::curand_ok(curandSetGeneratorOffset(st_->gen, 0), "curandSetGeneratorOffset");
+  return outcome::success();
 }
 
 result<void> rng_actor::set_offset(std::uint64_t offset) const {
@@ -414,10 +440,12 @@ result<void> rng_actor::set_offset(std::uint64_t offset) const {
   if (auto ok = detail::check_rng_offset(st_->kind, offset); !ok)
     return ok.error().tagged(detail::k_lib);
   std::lock_guard lock(st_->core.enqueue_mu);
-  if (st_->kind == rng_kind::mtgp32)  // offset 0: restart by re-applying the seed
-    return detail::curand_ok(curandSetPseudoRandomGeneratorSeed(st_->gen, st_->seed),
-                             "curandSetPseudoRandomGeneratorSeed");
-  return detail::curand_ok(curandSetGeneratorOffset(st_->gen, offset), "curandSetGeneratorOffset");
+  if (st_->kind == rng_kind::mtgp32) {  // offset 0: restart with the current seed
+    BOOST_OUTCOME_TRY(st_->gen, detail::make_generator(*st_, st_->seed, 0));
+    return outcome::success();
+  }
+  return detail::curand_ok(curandSetGeneratorOffset(st_->gen->gen, offset),
+                           "curandSetGeneratorOffset");
 }
 
 rng_kind rng_actor::kind() const noexcept {

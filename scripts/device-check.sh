@@ -45,3 +45,5 @@ if [ "${SANITIZE:-1}" = 1 ]; then
   echo "sanitizer rc=$?"
   grep -E "ERROR SUMMARY|test cases:|assertions:|ERROR:|CRASHED|THREW" "$out/sanitizer.log" | head -20
 fi
+# The device tool brings back only a few files: pack the logs into one.
+(cd "$out" && tar czf logs.tgz --remove-files ./*.log 2>/dev/null)

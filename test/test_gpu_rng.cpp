@@ -300,7 +300,8 @@ TEST_CASE_FIXTURE(rng_fixture, "Sobol32 gives the published direction-number seq
   // An offset skips points.
   auto off = make({.kind = rng_kind::sobol32, .offset = 4});
   auto r3 = generate<std::uint32_t>(4, [&](auto b) { return off.raw(b); });
-  CHECK(r3 == std::vector<std::uint32_t>(to_raw(dim1).begin() + 4, to_raw(dim1).end()));
+  const auto raw1 = to_raw(dim1);
+  CHECK(r3 == std::vector<std::uint32_t>(raw1.begin() + 4, raw1.end()));
 }
 
 TEST_CASE_FIXTURE(rng_fixture, "every operation answers invalid_argument before any GPU call") {
