@@ -166,16 +166,22 @@ private:
 
   void step() {
     if (done_.load(std::memory_order_relaxed)) return;
-    auto q = cudaEventQuery(ev_->native_handle());
-    if (q == cudaSuccess) return (void)finish(outcome::success(), true);
-    if (q != cudaErrorNotReady) return (void)finish(fault(q, "cudaEventQuery"), true);
-    if (auto ok = dev_->check_accepting(); !ok)
-      return (void)finish(ok.error().tagged(library_), true);
-    const auto now = clock::now();
+    auto now = clock::now();
+    auto waited = now - start_;
+    const bool spinning = waited < how_.spin;
+    if (!spinning || now - last_check_ >= how_.poll_interval) {
+      last_check_ = now;
+      auto q = cudaEventQuery(ev_->native_handle());
+      if (q == cudaSuccess) return (void)finish(outcome::success(), true);
+      if (q != cudaErrorNotReady) return (void)finish(fault(q, "cudaEventQuery"), true);
+      if (auto ok = dev_->check_accepting(); !ok)
+        return (void)finish(ok.error().tagged(library_), true);
+      now = clock::now();
+      waited = now - start_;
+    }
     if (now >= deadline_) return (void)finish(timeout_error(), true);
     auto self = std::static_pointer_cast<poll_op>(shared_from_this());
-    const auto waited = now - start_;
-    if (waited < how_.spin) {
+    if (spinning) {
       asio::post(dev_->executor, [self] { self->step(); });
       return;
     }
@@ -188,6 +194,7 @@ private:
   }
 
   std::optional<asio::steady_timer> timer_;
+  clock::time_point last_check_{};
 };
 
 // ---------------------------------------------------------------- host_fn

@@ -46,6 +46,9 @@ struct completion {
   std::chrono::nanoseconds spin = std::chrono::microseconds(200);
   /// event_poll: the longest pause between checks once backed off.
   std::chrono::nanoseconds max_backoff = std::chrono::microseconds(500);
+  /// event_poll: the shortest time between two checks while spinning; turns
+  /// of the executor in between only re-post (0: check on every turn).
+  std::chrono::nanoseconds poll_interval = std::chrono::nanoseconds(0);
 
   /// Waits until all work enqueued on `s` so far has finished, with this
   /// strategy. Completion signature void(result<void>); works with any Asio
