@@ -185,8 +185,9 @@ private:
       asio::post(dev_->executor, [self] { self->step(); });
       return;
     }
-    auto pause =
-        std::clamp<clock::duration>(waited / 32, std::chrono::microseconds(10), how_.max_backoff);
+    const clock::duration cap = std::max<clock::duration>(how_.max_backoff, clock::duration(0));
+    const clock::duration floor = std::min<clock::duration>(std::chrono::microseconds(10), cap);
+    auto pause = std::clamp<clock::duration>(waited / 64, floor, cap);
     pause = std::min<clock::duration>(pause, deadline_ - now);
     if (!timer_) timer_.emplace(dev_->executor);
     timer_->expires_after(pause);

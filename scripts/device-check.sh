@@ -14,6 +14,7 @@ ninja -C "$build" >"$out/build.log" 2>&1; echo "build rc=$? warnings=$(grep -c '
 # -t scales the per-test timeouts in test/meson.build (gpu: 600 s).
 meson test -C "$build" -t "${TIMEOUT_MULTIPLIER:-0.25}" --print-errorlogs >"$out/test.log" 2>&1
 echo "meson test rc=$?"
+cp "$build/meson-logs/testlog.txt" "$out/testlog-full.log" 2>/dev/null
 grep -E "^ *[0-9]+/[0-9]+ |^(Ok|Fail|Skipped|Timeout): |test cases:|assertions:|ERROR:|values:|logged:|THREW|CRASHED" "$out/test.log" | head -60
 "$build"/samples/atomr-device-info --mib 64 --reps 5 >"$out/sample.log" 2>&1; echo "sample rc=$?"
 tail -22 "$out/sample.log"

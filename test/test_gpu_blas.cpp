@@ -411,6 +411,7 @@ TEST_CASE_FIXTURE(blas_fixture, "level-1 operations f64") {
 namespace {
 template <class T>
 void check_invalid(const result<T>& r, const std::string& what) {
+  INFO("expected an invalid_argument error containing: ", what);
   REQUIRE_FALSE(r);
   CHECK(r.error().code() == errc::invalid_argument);
   CAPTURE(r.error().message());

@@ -161,6 +161,7 @@ TEST_CASE_FIXTURE(long_gemm, "per-operation cancellation yields cancelled") {
     std::optional<result<gpu_ref<float>>> got;
     auto body = [&]() -> asio::awaitable<void> {
       got.emplace(co_await sgemm(blas, s, how, std::move(a), std::move(b), c, long_n, long_repeat));
+      ioc.stop();  // before the parked keep-alive is released (the device keeps the context busy)
     };
     asio::co_spawn(ioc, body(), asio::bind_cancellation_slot(sig.slot(), asio::detached));
     asio::steady_timer t(ioc, 1ms);

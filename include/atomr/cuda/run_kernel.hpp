@@ -91,6 +91,12 @@ result<void> declare_output(launch& l, const O& out) {
   return outcome::success();
 }
 
+/// True when the work before `ev` has finished (an error or "not ready" is
+/// left to the completion strategy, which reports it).
+inline bool already_done(const pooled_event& ev) noexcept {
+  return cudaEventQuery(ev.native_handle()) == cudaSuccess;
+}
+
 template <class F>
 auto call_enqueue(F& f, launch& l) {
   using R = std::invoke_result_t<F&, launch&>;
@@ -128,6 +134,12 @@ asio::awaitable<result<O>> run_kernel(std::string_view library, stream s, comple
     co_return l.fail(done.error());
   }
   auto keep_in_frame = std::move(keep).value();
+  // Work that is already done (an empty or very short enqueue) needs no wait:
+  // one query here saves the trip through the executor (see docs/performance.md).
+  if (detail::already_done(*done.value())) {
+    l.succeed();
+    co_return std::move(output);
+  }
   result<void> waited = outcome::success();
   try {
     waited = co_await detail::async_wait_event(l.get_stream(), done.value(), how, library,

@@ -1,0 +1,1046 @@
+// atomr-bench-throughput: issue 5 (b), small-operation throughput.
+//
+// For every workload and every io thread count T:
+//  - ours: C coroutines (default 1024; --coroutines takes a list) on one
+//    io_context run by T threads issue the operation through A library actors
+//    (default A = T; each actor has its own stream, stream_policy::
+//    per_actor_fresh; coroutine i uses actor i % A), co_await-ing each
+//    operation, for at least --seconds and --min-ops after a warm-up round;
+//  - raw ceiling: T std::threads, each with its own cudaStream_t and its own
+//    library handle bound to it, launch the same operation back to back on
+//    preallocated buffers for as long, with one cudaStreamSynchronize at the
+//    end.
+// ops/s = completed operations / wall time; CPU us/op = process CPU time over
+// the timed window / operations. Each coroutine owns its buffers (filled with
+// random data before timing); the raw threads rotate over as many buffer sets
+// in all, so that both sides touch the same amount of memory. After the timed
+// run one result of ours is checked on the CPU.
+
+#include "bench.hpp"
+
+#include <atomr/cuda.hpp>
+
+#include <boost/asio/co_spawn.hpp>
+#include <boost/asio/executor_work_guard.hpp>
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/strand.hpp>
+
+#include <cublas_v2.h>
+#include <cuda_runtime_api.h>
+#include <cufft.h>
+#include <curand.h>
+
+#include <algorithm>
+#include <array>
+#include <atomic>
+#include <cerrno>
+#include <chrono>
+#include <cmath>
+#include <complex>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <exception>
+#include <latch>
+#include <mutex>
+#include <numbers>
+#include <optional>
+#include <span>
+#include <string>
+#include <thread>
+#include <type_traits>
+#include <vector>
+
+namespace {
+
+namespace asio = boost::asio;
+namespace cuda = atomr::cuda;
+using c32 = std::complex<float>;
+using clock_type = std::chrono::steady_clock;
+
+constexpr const char* prog = "atomr-bench-throughput";
+constexpr int exit_ok = 0;
+constexpr int exit_failed = 1;
+constexpr int exit_usage = 64;
+
+constexpr unsigned max_threads = 256;
+constexpr long long max_coroutines = 100000;
+constexpr long long max_actors = 4096;
+constexpr double max_seconds = 600;
+constexpr long long max_min_ops = 1000000000;
+constexpr long long max_warmup = 100;
+constexpr double cap_factor = 3;  // a measurement stops after cap_factor * --seconds regardless
+
+// ---------------------------------------------------------------------------
+// Workloads
+
+enum class family { sgemm, fft, rng };
+
+struct workload {
+  const char* name;
+  family fam;
+  std::int64_t n;  // sgemm: n x n; fft: points; rng: numbers
+};
+
+constexpr workload catalogue[] = {
+    {"sgemm64", family::sgemm, 64},
+    {"sgemm256", family::sgemm, 256},
+    {"fft4096", family::fft, 4096},
+    {"rng1M", family::rng, std::int64_t{1} << 20},
+};
+
+cuda::gemm_params gemm_of(const workload& w) {
+  return cuda::gemm_params{.m = w.n, .n = w.n, .k = w.n};  // alpha 1, beta 0
+}
+
+cuda::fft_shape fft_of(const workload& w) {
+  return cuda::fft_shape{.rank = 1, .dims = {w.n, 1, 1}, .batch = 1};  // forward
+}
+
+std::size_t elems(const workload& w) {
+  const auto n = static_cast<std::size_t>(w.n);
+  return w.fam == family::sgemm ? n * n : n;
+}
+
+// ---------------------------------------------------------------------------
+// Options
+
+struct options {
+  std::vector<unsigned> threads{1, 8};
+  std::vector<unsigned> coroutines{1024};
+  std::vector<const workload*> work;  // empty after parsing means: all
+  unsigned actors = 0;                // 0: one per io thread
+  bool pin = false;
+  double seconds = 1.0;
+  std::uint64_t min_ops = 20000;
+  unsigned warmup = 2;
+  int device = 0;
+  std::string json;
+};
+
+void print_usage(std::FILE* to) {
+  std::fprintf(to,
+               "Usage: %s [options]\n"
+               "\n"
+               "Small-operation throughput (issue 5 b). For each workload and io thread count T:\n"
+               "C coroutines on one io_context run by T threads issue the operation through A\n"
+               "library actors (each with its own stream; coroutine i uses actor i %% A),\n"
+               "co_await-ing each one, after a warm-up round; then the raw ceiling: T threads,\n"
+               "each with its own stream and library handle, launch the same operation back to\n"
+               "back with one cudaStreamSynchronize at the end. Both run for at least --seconds\n"
+               "and --min-ops (at most %.0f x --seconds). Prints ops/s of both, their ratio and\n"
+               "the process CPU time per operation.\n"
+               "\n"
+               "Workloads: sgemm64, sgemm256 (cuBLAS SGEMM n x n, pedantic f32 math, no TF32),\n"
+               "fft4096 (cuFFT C2C forward, 4096 points, batch 1), rng1M (cuRAND Philox\n"
+               "normal f32, 2^20 numbers).\n"
+               "\n"
+               "Options:\n"
+               "  --threads LIST     io thread counts, comma separated, each 1..%u (default 1,8)\n"
+               "  --coroutines LIST  concurrent coroutines, comma separated, each 1..%lld\n"
+               "                     (default 1024)\n"
+               "  --work LIST        workloads, comma separated, or all (default all)\n"
+               "  --actors A         actors per measurement, 0..%lld; 0 = one per io thread\n"
+               "                     (default 0)\n"
+               "  --pin              run the coroutines of actor k on strand k (default: on the\n"
+               "                     io_context itself, any thread)\n"
+               "  --seconds S        timed seconds per measurement, > 0 and <= %.0f (default 1)\n"
+               "  --min-ops N        at least N operations per measurement, 1..%lld\n"
+               "                     (default 20000)\n"
+               "  --warmup R         untimed rounds before timing: R operations per coroutine\n"
+               "                     and R per raw buffer set, 0..%lld (default 2)\n"
+               "  --device D         device ordinal (default 0)\n"
+               "  --json FILE        also write the results as JSON to FILE\n"
+               "  --help             print this help and exit\n"
+               "Options also take the form --name=value.\n"
+               "\n"
+               "Exit status: 0 success; 1 an operation failed or a checked result was wrong;\n"
+               "64 usage error; 69 no usable GPU.\n",
+               prog, cap_factor, max_threads, max_coroutines, max_actors, max_seconds, max_min_ops,
+               max_warmup);
+}
+
+std::optional<long long> parse_int(const std::string& s) {
+  if (s.empty() || s[0] == ' ') return std::nullopt;
+  errno = 0;
+  char* end = nullptr;
+  const long long v = std::strtoll(s.c_str(), &end, 10);
+  if (errno != 0 || end == s.c_str() || *end != '\0') return std::nullopt;
+  return v;
+}
+
+std::optional<double> parse_double(const std::string& s) {
+  if (s.empty() || s[0] == ' ') return std::nullopt;
+  errno = 0;
+  char* end = nullptr;
+  const double v = std::strtod(s.c_str(), &end);
+  if (errno != 0 || end == s.c_str() || *end != '\0' || !std::isfinite(v)) return std::nullopt;
+  return v;
+}
+
+std::vector<std::string> split(const std::string& s) {
+  std::vector<std::string> out;
+  std::size_t at = 0;
+  while (true) {
+    const auto comma = s.find(',', at);
+    out.push_back(s.substr(at, comma == std::string::npos ? std::string::npos : comma - at));
+    if (comma == std::string::npos) break;
+    at = comma + 1;
+  }
+  return out;
+}
+
+// A usage error: the message, then a pointer to --help.
+int usage_error(const std::string& what) {
+  std::fprintf(stderr, "%s: %s\nTry '%s --help'.\n", prog, what.c_str(), prog);
+  return exit_usage;
+}
+
+// Fills `o`; returns an exit status when the program should end now.
+std::optional<int> parse_args(int argc, char** argv, options& o) {
+  const bench::args a(argc, argv, {"help", "pin"});
+  if (!a.unknown.empty()) {
+    const auto& u = a.unknown.front();
+    if (u.rfind("--", 0) == 0) return usage_error("option '" + u + "' needs a value");
+    return usage_error("unexpected argument '" + u + "'");
+  }
+  static const char* const known[] = {"threads", "coroutines", "work",   "actors", "pin", "seconds",
+                                      "min-ops", "warmup",     "device", "json",   "help"};
+  for (const auto& [k, v] : a.kv) {
+    bool ok = false;
+    for (const char* name : known) ok = ok || k == name;
+    if (!ok) return usage_error("unknown option '--" + k + "'");
+  }
+  for (const char* flag : {"help", "pin"})
+    if (a.has(flag) && a.get(flag) != "1")
+      return usage_error("--" + std::string(flag) + " takes no value");
+  if (a.has("help")) {
+    print_usage(stdout);
+    return exit_ok;
+  }
+  // An integer option in [lo, hi].
+  auto integer = [&](const char* name, long long lo, long long hi,
+                     auto& out) -> std::optional<int> {
+    if (!a.has(name)) return std::nullopt;
+    const auto v = parse_int(a.get(name));
+    if (!v || *v < lo || *v > hi)
+      return usage_error("--" + std::string(name) + " wants an integer in " + std::to_string(lo) +
+                         ".." + std::to_string(hi) + ", not '" + a.get(name) + "'");
+    out = static_cast<std::remove_reference_t<decltype(out)>>(*v);
+    return std::nullopt;
+  };
+  // A comma separated list of integers in [lo, hi].
+  auto list = [&](const char* name, long long lo, long long hi,
+                  std::vector<unsigned>& out) -> std::optional<int> {
+    if (!a.has(name)) return std::nullopt;
+    out.clear();
+    for (const auto& t : split(a.get(name))) {
+      const auto v = parse_int(t);
+      if (!v || *v < lo || *v > hi)
+        return usage_error("--" + std::string(name) +
+                           " wants a comma separated list of integers in " + std::to_string(lo) +
+                           ".." + std::to_string(hi) + ", not '" + a.get(name) + "'");
+      out.push_back(static_cast<unsigned>(*v));
+    }
+    return std::nullopt;
+  };
+  if (auto r = list("threads", 1, max_threads, o.threads)) return r;
+  if (auto r = list("coroutines", 1, max_coroutines, o.coroutines)) return r;
+  if (auto r = integer("actors", 0, max_actors, o.actors)) return r;
+  if (auto r = integer("min-ops", 1, max_min_ops, o.min_ops)) return r;
+  if (auto r = integer("warmup", 0, max_warmup, o.warmup)) return r;
+  if (auto r = integer("device", 0, 1 << 20, o.device)) return r;
+  if (a.has("work")) {
+    for (const auto& name : split(a.get("work"))) {
+      bool found = false;
+      for (const auto& w : catalogue) {
+        if (name != "all" && name != w.name) continue;
+        found = true;
+        if (std::find(o.work.begin(), o.work.end(), &w) == o.work.end()) o.work.push_back(&w);
+      }
+      if (!found)
+        return usage_error("--work: unknown workload '" + name +
+                           "' (known: sgemm64, sgemm256, fft4096, rng1M, all)");
+    }
+  } else {
+    for (const auto& w : catalogue) o.work.push_back(&w);
+  }
+  if (a.has("seconds")) {
+    const auto v = parse_double(a.get("seconds"));
+    if (!v || !(*v > 0) || *v > max_seconds)
+      return usage_error(
+          "--seconds wants a number > 0 and <= " + std::to_string(static_cast<int>(max_seconds)) +
+          ", not '" + a.get("seconds") + "'");
+    o.seconds = *v;
+  }
+  o.pin = a.has("pin");
+  if (a.has("json")) {
+    o.json = a.get("json");
+    if (o.json.empty()) return usage_error("--json wants a file name");
+  }
+  return std::nullopt;
+}
+
+// ---------------------------------------------------------------------------
+// Shared pieces
+
+// The first failure (its message) and how many there were; any thread.
+class failures {
+public:
+  void add(std::string what) {
+    std::lock_guard lk(m_);
+    if (count_++ == 0) first_ = std::move(what);
+  }
+  bool any() const {
+    std::lock_guard lk(m_);
+    return count_ != 0;
+  }
+  std::uint64_t count() const {
+    std::lock_guard lk(m_);
+    return count_;
+  }
+  std::string first() const {
+    std::lock_guard lk(m_);
+    return first_;
+  }
+
+private:
+  mutable std::mutex m_;
+  std::uint64_t count_ = 0;
+  std::string first_;
+};
+
+std::string describe(const cuda::gpu_error& e) {
+  const auto code = cuda::to_string(e.code());
+  return "[" + std::string(code) + "] " + e.message();
+}
+
+std::string describe(std::exception_ptr ep) {
+  try {
+    std::rethrow_exception(ep);
+  } catch (const std::exception& ex) {
+    return std::string("exception: ") + ex.what();
+  } catch (...) {
+  }
+  return "unknown exception";
+}
+
+// xorshift64*: fast deterministic test data.
+class xorshift {
+public:
+  explicit xorshift(std::uint64_t seed) noexcept : s_(0x9E3779B97F4A7C15ull + 2 * seed) {}  // odd
+  std::uint64_t next() noexcept {
+    s_ ^= s_ >> 12;
+    s_ ^= s_ << 25;
+    s_ ^= s_ >> 27;
+    return s_ * 0x2545F4914F6CDD1Dull;
+  }
+  /// Uniform in [-1, 1).
+  float symmetric() noexcept { return static_cast<float>(next() >> 40) * 0x1p-23f - 1.0f; }
+
+private:
+  std::uint64_t s_;
+};
+
+void fill_random(std::span<float> v, std::uint64_t seed) {
+  xorshift g(seed);
+  for (auto& x : v) x = g.symmetric();
+}
+
+void fill_random(std::span<c32> v, std::uint64_t seed) {
+  xorshift g(seed);
+  for (auto& z : v) z = c32(g.symmetric(), g.symmetric());
+}
+
+// Seeds of coroutine i's inputs (A or the FFT input: which = 0; B: which = 1).
+std::uint64_t seed_of(std::size_t i, int which) {
+  return 2 * static_cast<std::uint64_t>(i) + static_cast<std::uint64_t>(which);
+}
+
+// When a timed loop stops: after `deadline` once `min_ops` are done, or at `cap`.
+struct stop_rule {
+  clock_type::time_point deadline{}, cap{};
+  std::uint64_t min_ops = 0;
+  bool reached(clock_type::time_point now, std::uint64_t done) const {
+    return (now >= deadline && done >= min_ops) || now >= cap;
+  }
+  static stop_rule from_now(const options& o) {
+    const auto start = clock_type::now();
+    const auto s = std::chrono::duration<double>(o.seconds);
+    const auto c = std::chrono::duration<double>(o.seconds * cap_factor);
+    return {start + std::chrono::duration_cast<clock_type::duration>(s),
+            start + std::chrono::duration_cast<clock_type::duration>(c), o.min_ops};
+  }
+};
+
+// One side's measurement.
+struct measured {
+  std::uint64_t ops = 0;
+  double seconds = 0;
+  double cpu_us = 0;
+  double ops_per_s() const { return seconds > 0 ? static_cast<double>(ops) / seconds : 0.0; }
+  double cpu_us_per_op() const { return ops > 0 ? cpu_us / static_cast<double>(ops) : 0.0; }
+};
+
+// ---------------------------------------------------------------------------
+// Ours: the library's actors on an io_context run by T threads
+
+// The actors of one measurement (only the kind the workload needs).
+struct actor_pool {
+  std::vector<cuda::blas_actor> blas;
+  std::vector<cuda::fft_actor> fft;
+  std::vector<cuda::rng_actor> rng;
+
+  const cuda::stream& stream_of(std::size_t i) const {
+    if (!blas.empty()) return blas[i].get_stream();
+    if (!fft.empty()) return fft[i].get_stream();
+    return rng[i].get_stream();
+  }
+};
+
+cuda::result<actor_pool> make_actors(const cuda::device& dev, family f, unsigned count) {
+  actor_pool p;
+  for (unsigned i = 0; i < count; ++i) {
+    switch (f) {
+      case family::sgemm: {
+        BOOST_OUTCOME_TRY(
+            auto b, cuda::blas_actor::create(
+                        dev, {.streams = cuda::stream_policy::per_actor_fresh, .tf32 = false}));
+        p.blas.push_back(std::move(b));
+        break;
+      }
+      case family::fft: {
+        BOOST_OUTCOME_TRY(auto t, cuda::fft_actor::create(
+                                      dev, {.streams = cuda::stream_policy::per_actor_fresh}));
+        p.fft.push_back(std::move(t));
+        break;
+      }
+      case family::rng: {
+        BOOST_OUTCOME_TRY(
+            auto r, cuda::rng_actor::create(
+                        dev, {.seed = 1000 + i, .streams = cuda::stream_policy::per_actor_fresh}));
+        p.rng.push_back(std::move(r));
+        break;
+      }
+    }
+  }
+  return p;
+}
+
+// One coroutine's buffers.
+struct slot {
+  cuda::gpu_ref<float> a, b, c;  // sgemm: A, B, C; rng: c receives the numbers
+  cuda::gpu_ref<c32> x, y;       // fft: input, output
+};
+
+// A batch of coroutines run to completion on `threads` threads. The window
+// runs from just before the threads start to the moment the last coroutine
+// finished (the io_context is stopped then).
+class batch {
+public:
+  batch(asio::io_context& ioc, std::size_t count, failures& fail)
+      : ioc_(ioc), left_(count), fail_(fail) {}
+
+  auto handler() {
+    return [this](std::exception_ptr ep) {
+      if (ep) fail_.add(describe(ep));
+      if (left_.fetch_sub(1) == 1) {
+        end_us_ = bench::now_us();
+        end_cpu_us_ = bench::process_cpu_us();
+        ioc_.stop();
+      }
+    };
+  }
+
+  measured run(unsigned threads) {
+    auto guard = asio::make_work_guard(ioc_);
+    ioc_.restart();
+    const double cpu0 = bench::process_cpu_us();
+    const double t0 = bench::now_us();
+    auto body = [this] {
+      try {
+        ioc_.run();
+      } catch (const std::exception& ex) {
+        fail_.add(std::string("io thread: exception: ") + ex.what());
+        ioc_.stop();
+      }
+    };
+    std::vector<std::thread> pool;
+    pool.reserve(threads - 1);
+    for (unsigned t = 1; t < threads; ++t) pool.emplace_back(body);
+    body();
+    for (auto& t : pool) t.join();
+    guard.reset();
+    measured m;
+    m.seconds = (end_us_ - t0) * 1e-6;
+    m.cpu_us = end_cpu_us_ - cpu0;
+    return m;
+  }
+
+private:
+  asio::io_context& ioc_;
+  std::atomic<std::size_t> left_;
+  failures& fail_;
+  double end_us_ = 0, end_cpu_us_ = 0;
+};
+
+// What the issuing loops share.
+struct loop_control {
+  std::uint64_t rounds = 0;  // 0: until `rule` says stop
+  stop_rule rule{};
+  std::atomic<std::uint64_t> completed{0};
+  std::atomic<bool> stop{false};
+  failures* fail = nullptr;
+  std::string where;  // "sgemm64 T=8", for messages
+};
+
+// Allocates and fills the buffers of slots first, first + stride, ... one after
+// the other, each on the stream of the actor that will use it.
+template <family F>
+asio::awaitable<void> prepare(cuda::device dev, const actor_pool& pool, const workload& w,
+                              std::vector<slot>& slots, std::size_t first, std::size_t stride,
+                              loop_control& ctl) {
+  const std::size_t actors = std::max({pool.blas.size(), pool.fft.size(), pool.rng.size()});
+  const std::size_t n = elems(w);
+  std::vector<float> hf(F == family::sgemm ? n : 0);
+  std::vector<c32> hc(F == family::fft ? n : 0);
+  for (std::size_t i = first; i < slots.size() && !ctl.stop.load(); i += stride) {
+    const cuda::stream& on = pool.stream_of(i % actors);
+    const cuda::transfer_options where{.on = on};
+    auto fail = [&](const char* what, const cuda::gpu_error& e) {
+      ctl.fail->add(ctl.where + ": " + what + " for coroutine " + std::to_string(i) +
+                    " failed: " + describe(e));
+      ctl.stop = true;
+    };
+    slot& s = slots[i];
+    if constexpr (F == family::sgemm) {
+      auto a = dev.allocate<float>(n, on);
+      auto b = a ? dev.allocate<float>(n, on) : a;
+      auto c = b ? dev.allocate<float>(n, on) : b;
+      if (!c) co_return fail("allocate", c.error());
+      fill_random(hf, seed_of(i, 0));
+      auto ua = co_await cuda::upload(std::span<const float>(hf), a.value(), where);
+      if (!ua) co_return fail("upload A", ua.error());
+      fill_random(hf, seed_of(i, 1));
+      auto ub = co_await cuda::upload(std::span<const float>(hf), b.value(), where);
+      if (!ub) co_return fail("upload B", ub.error());
+      s.a = a.value();
+      s.b = b.value();
+      s.c = c.value();
+    } else if constexpr (F == family::fft) {
+      auto x = dev.allocate<c32>(n, on);
+      auto y = x ? dev.allocate<c32>(n, on) : x;
+      if (!y) co_return fail("allocate", y.error());
+      fill_random(hc, seed_of(i, 0));
+      auto ux = co_await cuda::upload(std::span<const c32>(hc), x.value(), where);
+      if (!ux) co_return fail("upload", ux.error());
+      s.x = x.value();
+      s.y = y.value();
+    } else {
+      auto c = dev.allocate<float>(n, on);  // output only: nothing to fill
+      if (!c) co_return fail("allocate", c.error());
+      s.c = c.value();
+    }
+  }
+}
+
+// Issues the workload's operation through actor `actor` on the buffers of
+// `s`, co_await-ing each, for ctl.rounds operations or until ctl.rule says stop.
+template <family F>
+asio::awaitable<void> issue_loop(const actor_pool& pool, std::size_t actor, const workload& w,
+                                 const slot& s, loop_control& ctl) {
+  const auto gemm = gemm_of(w);
+  const auto shape = fft_of(w);
+  for (std::uint64_t k = 0; ctl.rounds == 0 || k < ctl.rounds; ++k) {
+    if (ctl.stop.load(std::memory_order_relaxed)) co_return;
+    std::optional<cuda::gpu_error> err;
+    if constexpr (F == family::sgemm) {
+      auto r = co_await pool.blas[actor].gemm(gemm, s.a, s.b, s.c);
+      if (!r) err = r.error();
+    } else if constexpr (F == family::fft) {
+      auto r = co_await pool.fft[actor].c2c(shape, s.x, s.y);
+      if (!r) err = r.error();
+    } else {
+      auto r = co_await pool.rng[actor].normal(s.c);
+      if (!r) err = r.error();
+    }
+    if (err) {
+      ctl.fail->add(ctl.where + ": operation failed: " + describe(*err));
+      ctl.stop = true;
+      co_return;
+    }
+    const auto done = ctl.completed.fetch_add(1, std::memory_order_relaxed) + 1;
+    if (ctl.rounds == 0 && ctl.rule.reached(clock_type::now(), done))
+      ctl.stop.store(true, std::memory_order_relaxed);
+  }
+}
+
+// Copies coroutine 0's output back (for the CPU check).
+template <family F>
+asio::awaitable<void> fetch_result(const slot& s, std::vector<float>& f, std::vector<c32>& c,
+                                   loop_control& ctl) {
+  cuda::result<void> r = cuda::outcome::success();
+  if constexpr (F == family::fft) {
+    c.resize(s.y.size());
+    r = co_await cuda::download(s.y, std::span<c32>(c));
+  } else {
+    f.resize(s.c.size());
+    r = co_await cuda::download(s.c, std::span<float>(f));
+  }
+  if (!r) ctl.fail->add(ctl.where + ": download of a result failed: " + describe(r.error()));
+}
+
+// --- CPU checks of coroutine 0's result: empty when right, else what is wrong.
+
+std::string check_sgemm(std::size_t n, std::span<const float> c) {
+  std::vector<float> a(n * n), b(n * n);
+  fill_random(a, seed_of(0, 0));
+  fill_random(b, seed_of(0, 1));
+  // Error relative to sum_k |a_ik b_kj|: a few units of f32 rounding per term
+  // at most; TF32 (10-bit mantissa) or garbage would be far above.
+  const double tol = 4.0 * static_cast<double>(n) * 0x1p-24;
+  for (std::size_t j = 0; j < n; ++j)
+    for (std::size_t i = 0; i < n; ++i) {
+      double ref = 0, scale = 0;
+      for (std::size_t k = 0; k < n; ++k) {
+        const double p = static_cast<double>(a[i + k * n]) * static_cast<double>(b[k + j * n]);
+        ref += p;
+        scale += std::fabs(p);
+      }
+      const double err =
+          std::fabs(static_cast<double>(c[i + j * n]) - ref) / std::max(scale, 1e-30);
+      if (!(err <= tol))
+        return "sgemm: C(" + std::to_string(i) + ", " + std::to_string(j) +
+               ") = " + std::to_string(c[i + j * n]) + ", expected " + std::to_string(ref);
+    }
+  return {};
+}
+
+std::string check_fft(std::size_t n, std::span<const c32> y) {
+  std::vector<c32> x(n);
+  fill_random(x, seed_of(0, 0));
+  double norm = 0;
+  for (const auto& v : x) norm += std::norm(std::complex<double>(v));
+  const double tol = 1e-4 * std::sqrt(norm);  // |X_k| is about sqrt(norm)
+  // 16 output bins against the DFT sum in double precision.
+  for (std::size_t q = 0; q < 16; ++q) {
+    const std::size_t k = (q * 257 + q * q * 31) % n;
+    std::complex<double> ref = 0;
+    for (std::size_t j = 0; j < n; ++j) {
+      const double ang =
+          -2.0 * std::numbers::pi * static_cast<double>((j * k) % n) / static_cast<double>(n);
+      ref += std::complex<double>(x[j]) * std::complex<double>(std::cos(ang), std::sin(ang));
+    }
+    if (!(std::abs(std::complex<double>(y[k]) - ref) <= tol))
+      return "fft: bin " + std::to_string(k) + " off by " +
+             std::to_string(std::abs(std::complex<double>(y[k]) - ref)) + " (tolerance " +
+             std::to_string(tol) + ")";
+  }
+  return {};
+}
+
+std::string check_normal(std::span<const float> v) {
+  double sum = 0, sq = 0;
+  for (float x : v) {
+    if (!std::isfinite(x)) return "rng: a drawn value is not finite";
+    sum += x;
+    sq += static_cast<double>(x) * x;
+  }
+  const double n = static_cast<double>(v.size());
+  const double mean = sum / n, var = sq / n - mean * mean;
+  // 5 standard errors: 5/sqrt(n) for the mean, 5*sqrt(2/n) for the variance.
+  if (!(std::fabs(mean) <= 5 / std::sqrt(n)) || !(std::fabs(var - 1) <= 5 * std::sqrt(2 / n)))
+    return "rng: sample mean " + std::to_string(mean) + ", variance " + std::to_string(var) +
+           " (expected 0 and 1)";
+  return {};
+}
+
+template <family F>
+std::string check_result(const workload& w, const std::vector<float>& f,
+                         const std::vector<c32>& c) {
+  const auto n = static_cast<std::size_t>(w.n);
+  if constexpr (F == family::sgemm)
+    return check_sgemm(n, f);
+  else if constexpr (F == family::fft)
+    return check_fft(n, c);
+  else
+    return check_normal(f);
+}
+
+// Runs `make(i)` as coroutine i (i < count), on the executor `ex(i)`, on
+// `threads` threads of `ioc`, to completion.
+template <class Ex, class Make>
+measured run_batch(asio::io_context& ioc, unsigned threads, std::size_t count, failures& fail,
+                   Ex ex, Make make) {
+  batch b(ioc, count, fail);
+  for (std::size_t i = 0; i < count; ++i) asio::co_spawn(ex(i), make(i), b.handler());
+  return b.run(threads);
+}
+
+template <family F>
+std::optional<measured> measure_ours(const options& o, const workload& w, unsigned threads,
+                                     unsigned coroutines, unsigned actors, failures& fail) {
+  loop_control ctl;
+  ctl.fail = &fail;
+  ctl.where = std::string(w.name) + " T=" + std::to_string(threads) +
+              " C=" + std::to_string(coroutines) + " (ours)";
+  measured timed;
+  std::vector<float> got_f;
+  std::vector<c32> got_c;
+  asio::io_context ioc(static_cast<int>(threads));
+  {
+    auto opened = cuda::device::open(ioc.get_executor(), o.device);
+    if (!opened) {
+      fail.add(ctl.where + ": device::open failed: " + describe(opened.error()));
+      return std::nullopt;
+    }
+    const cuda::device dev = opened.value();
+    if (dev.get_executor() != asio::any_io_executor(ioc.get_executor())) {
+      // A device state of an earlier measurement is still alive (its io_context is gone).
+      fail.add(ctl.where + ": device::open returned a device bound to another io_context");
+      return std::nullopt;
+    }
+    auto made = make_actors(dev, w.fam, actors);
+    if (!made) {
+      fail.add(ctl.where + ": creating the actors failed: " + describe(made.error()));
+      return std::nullopt;
+    }
+    const actor_pool pool = std::move(made).value();
+    std::vector<slot> slots(coroutines);
+    std::vector<asio::strand<asio::io_context::executor_type>> strands;
+    for (unsigned k = 0; k < actors; ++k) strands.push_back(asio::make_strand(ioc));
+    auto on_ioc = [&](std::size_t) { return asio::any_io_executor(ioc.get_executor()); };
+    auto exec_of = [&](std::size_t i) {
+      return o.pin ? asio::any_io_executor(strands[i % actors])
+                   : asio::any_io_executor(ioc.get_executor());
+    };
+
+    // Buffers: one preparing coroutine per io thread, each slot in turn.
+    const std::size_t preparers = std::min<std::size_t>(threads, slots.size());
+    run_batch(ioc, threads, preparers, fail, on_ioc,
+              [&](std::size_t p) { return prepare<F>(dev, pool, w, slots, p, preparers, ctl); });
+    auto issue_all = [&] {
+      return run_batch(ioc, threads, slots.size(), fail, exec_of, [&](std::size_t i) {
+        return issue_loop<F>(pool, i % actors, w, slots[i], ctl);
+      });
+    };
+    // Warm-up round (first launches load kernels, FFT plans are made), then the timed run.
+    if (!fail.any() && o.warmup > 0) {
+      ctl.rounds = o.warmup;
+      issue_all();
+    }
+    if (!fail.any()) {
+      ctl.rounds = 0;
+      ctl.completed = 0;
+      ctl.rule = stop_rule::from_now(o);
+      timed = issue_all();
+      timed.ops = ctl.completed.load();
+    }
+    if (!fail.any())
+      run_batch(ioc, threads, 1, fail, on_ioc,
+                [&](std::size_t) { return fetch_result<F>(slots[0], got_f, got_c, ctl); });
+  }
+  // Everything of the device is released; let what it queued on the io_context run.
+  ioc.restart();
+  ioc.run_for(std::chrono::seconds(5));
+  if (fail.any()) return std::nullopt;
+  if (auto wrong = check_result<F>(w, got_f, got_c); !wrong.empty()) {
+    fail.add(ctl.where + ": wrong result: " + wrong);
+    return std::nullopt;
+  }
+  return timed;
+}
+
+// ---------------------------------------------------------------------------
+// The raw ceiling: T threads, each with its own stream and library handle
+
+std::string cuda_status(cudaError_t e, const char* call) {
+  return std::string(call) + ": " + cudaGetErrorName(e) + ": " + cudaGetErrorString(e);
+}
+std::string cublas_status(cublasStatus_t e, const char* call) {
+  return std::string(call) + ": " + cublasGetStatusName(e) + ": " + cublasGetStatusString(e);
+}
+std::string cufft_status(cufftResult e, const char* call) {
+  return std::string(call) + ": cufftResult " + std::to_string(static_cast<int>(e));
+}
+std::string curand_status(curandStatus_t e, const char* call) {
+  return std::string(call) + ": curandStatus " + std::to_string(static_cast<int>(e));
+}
+
+// One raw thread's stream, handle and buffer sets.
+class raw_lane {
+public:
+  explicit raw_lane(const workload& w) : w_(w) {}
+  raw_lane(const raw_lane&) = delete;
+  raw_lane& operator=(const raw_lane&) = delete;
+  ~raw_lane() {
+    if (stream_) cudaStreamSynchronize(stream_);
+    if (blas_) cublasDestroy(blas_);
+    if (planned_) cufftDestroy(plan_);
+    if (gen_) curandDestroyGenerator(gen_);
+    for (void* p : mem_) cudaFree(p);
+    if (stream_) cudaStreamDestroy(stream_);
+  }
+
+  // Creates everything and fills the inputs with random data; an error message or "".
+  std::string init(int ordinal, std::size_t sets, std::uint64_t seed) {
+    if (auto e = cudaSetDevice(ordinal); e != cudaSuccess) return cuda_status(e, "cudaSetDevice");
+    if (auto e = cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking); e != cudaSuccess)
+      return cuda_status(e, "cudaStreamCreateWithFlags");
+    const auto n = static_cast<int>(w_.n);
+    switch (w_.fam) {
+      case family::sgemm:
+        if (auto e = cublasCreate(&blas_); e != CUBLAS_STATUS_SUCCESS)
+          return cublas_status(e, "cublasCreate");
+        if (auto e = cublasSetStream(blas_, stream_); e != CUBLAS_STATUS_SUCCESS)
+          return cublas_status(e, "cublasSetStream");
+        if (auto e = cublasSetMathMode(blas_, CUBLAS_PEDANTIC_MATH); e != CUBLAS_STATUS_SUCCESS)
+          return cublas_status(e, "cublasSetMathMode");
+        break;
+      case family::fft:
+        if (auto e = cufftPlan1d(&plan_, n, CUFFT_C2C, 1); e != CUFFT_SUCCESS)
+          return cufft_status(e, "cufftPlan1d");
+        planned_ = true;
+        if (auto e = cufftSetStream(plan_, stream_); e != CUFFT_SUCCESS)
+          return cufft_status(e, "cufftSetStream");
+        break;
+      case family::rng:
+        if (auto e = curandCreateGenerator(&gen_, CURAND_RNG_PSEUDO_PHILOX4_32_10);
+            e != CURAND_STATUS_SUCCESS)
+          return curand_status(e, "curandCreateGenerator");
+        if (auto e = curandSetStream(gen_, stream_); e != CURAND_STATUS_SUCCESS)
+          return curand_status(e, "curandSetStream");
+        if (auto e = curandSetPseudoRandomGeneratorSeed(gen_, seed); e != CURAND_STATUS_SUCCESS)
+          return curand_status(e, "curandSetPseudoRandomGeneratorSeed");
+        break;
+    }
+    // Buffers (bytes): sgemm A, B, C; fft input, output; rng output.
+    const std::size_t count = elems(w_);
+    const std::size_t bytes = w_.fam == family::fft ? count * sizeof(c32) : count * sizeof(float);
+    const int per_set = w_.fam == family::sgemm ? 3 : w_.fam == family::fft ? 2 : 1;
+    const int inputs = per_set - 1;
+    std::vector<float> host(bytes / sizeof(float));
+    for (std::size_t s = 0; s < sets; ++s) {
+      std::array<void*, 3> set{};
+      for (int b = 0; b < per_set; ++b) {
+        if (auto e = cudaMalloc(&set[b], bytes); e != cudaSuccess)
+          return cuda_status(e, "cudaMalloc");
+        mem_.push_back(set[b]);
+        if (b < inputs) {
+          fill_random(host, seed * 7919 + s * 3 + static_cast<std::uint64_t>(b));
+          if (auto e = cudaMemcpy(set[b], host.data(), bytes, cudaMemcpyHostToDevice);
+              e != cudaSuccess)
+            return cuda_status(e, "cudaMemcpy");
+        }
+      }
+      sets_.push_back(set);
+    }
+    return {};
+  }
+
+  // Launches the operation on buffer set k % sets; an error message or "".
+  std::string launch(std::uint64_t k) {
+    const auto& s = sets_[k % sets_.size()];
+    const auto n = static_cast<int>(w_.n);
+    switch (w_.fam) {
+      case family::sgemm: {
+        const float one = 1.0f, zero = 0.0f;
+        auto e = cublasSgemm(blas_, CUBLAS_OP_N, CUBLAS_OP_N, n, n, n, &one,
+                             static_cast<const float*>(s[0]), n, static_cast<const float*>(s[1]), n,
+                             &zero, static_cast<float*>(s[2]), n);
+        return e == CUBLAS_STATUS_SUCCESS ? std::string() : cublas_status(e, "cublasSgemm");
+      }
+      case family::fft: {
+        auto e = cufftExecC2C(plan_, static_cast<cufftComplex*>(s[0]),
+                              static_cast<cufftComplex*>(s[1]), CUFFT_FORWARD);
+        return e == CUFFT_SUCCESS ? std::string() : cufft_status(e, "cufftExecC2C");
+      }
+      case family::rng: {
+        auto e = curandGenerateNormal(gen_, static_cast<float*>(s[0]),
+                                      static_cast<std::size_t>(w_.n), 0.0f, 1.0f);
+        return e == CURAND_STATUS_SUCCESS ? std::string()
+                                          : curand_status(e, "curandGenerateNormal");
+      }
+    }
+    return "unknown workload";
+  }
+
+  std::string sync() {
+    auto e = cudaStreamSynchronize(stream_);
+    return e == cudaSuccess ? std::string() : cuda_status(e, "cudaStreamSynchronize");
+  }
+
+  std::size_t sets() const { return sets_.size(); }
+
+private:
+  const workload& w_;
+  cudaStream_t stream_ = nullptr;
+  cublasHandle_t blas_ = nullptr;
+  cufftHandle plan_ = 0;
+  bool planned_ = false;
+  curandGenerator_t gen_ = nullptr;
+  std::vector<void*> mem_;
+  std::vector<std::array<void*, 3>> sets_;
+};
+
+std::optional<measured> measure_raw(const options& o, const workload& w, unsigned threads,
+                                    unsigned coroutines, failures& fail) {
+  const std::string where = std::string(w.name) + " T=" + std::to_string(threads) +
+                            " C=" + std::to_string(coroutines) + " (raw)";
+  // As many buffer sets in all as ours has coroutines (at least one per thread).
+  const std::size_t sets = std::max<std::size_t>(1, (coroutines + threads - 1) / threads);
+  std::latch ready(threads), finished(threads);
+  std::atomic<bool> go{false}, release{false}, stop{false};
+  std::atomic<std::uint64_t> total{0};
+  stop_rule rule{};  // written before `go`
+  auto failed = [&](const std::string& what) {
+    fail.add(where + ": " + what);
+    stop = true;
+  };
+  auto body = [&](unsigned t) {
+    {
+      raw_lane lane(w);
+      if (auto e = lane.init(o.device, sets, 1000 + t); !e.empty()) failed(e);
+      // Warm-up: R launches per buffer set, then wait for them.
+      for (std::uint64_t k = 0; !stop.load() && k < o.warmup * lane.sets(); ++k)
+        if (auto e = lane.launch(k); !e.empty()) failed(e);
+      if (!stop.load())
+        if (auto e = lane.sync(); !e.empty()) failed(e);
+      ready.count_down();
+      go.wait(false);
+      for (std::uint64_t k = 0; !stop.load(std::memory_order_relaxed); ++k) {
+        if (auto e = lane.launch(k); !e.empty()) {
+          failed(e);
+          break;
+        }
+        const auto done = total.fetch_add(1, std::memory_order_relaxed) + 1;
+        if (rule.reached(clock_type::now(), done)) stop.store(true, std::memory_order_relaxed);
+      }
+      if (auto e = lane.sync(); !e.empty()) failed(e);
+      finished.count_down();
+      release.wait(false);  // tear down only after the window closed
+    }
+  };
+  std::vector<std::thread> pool;
+  pool.reserve(threads);
+  for (unsigned t = 0; t < threads; ++t) pool.emplace_back(body, t);
+  ready.wait();
+  const double cpu0 = bench::process_cpu_us();
+  const double t0 = bench::now_us();
+  rule = stop_rule::from_now(o);
+  go = true;
+  go.notify_all();
+  finished.wait();
+  measured m;
+  m.seconds = (bench::now_us() - t0) * 1e-6;
+  m.cpu_us = bench::process_cpu_us() - cpu0;
+  m.ops = total.load();
+  release = true;
+  release.notify_all();
+  for (auto& t : pool) t.join();
+  if (fail.any()) return std::nullopt;
+  return m;
+}
+
+// ---------------------------------------------------------------------------
+
+std::string command_line(int argc, char** argv) {
+  std::string s;
+  for (int i = 0; i < argc; ++i) {
+    if (i) s += ' ';
+    s += argv[i];
+  }
+  return s;
+}
+
+int run(const options& o, const std::string& command) {
+  bench::require_gpu(prog);
+  if (int n = 0; cudaGetDeviceCount(&n) != cudaSuccess || o.device >= n) {
+    std::fprintf(stderr, "%s: there is no device %d (%d devices); nothing to measure\n", prog,
+                 o.device, n);
+    return bench::exit_no_gpu;
+  }
+  const std::string device = bench::device_name(o.device);
+  std::printf("%s: %s; at least %.3g s and %llu ops per measurement\n", prog, device.c_str(),
+              o.seconds, static_cast<unsigned long long>(o.min_ops));
+  std::printf("%-9s %4s %6s %6s %12s %12s %7s %10s %10s\n", "work", "T", "coros", "actors",
+              "ours ops/s", "raw ops/s", "ratio", "CPU us/op", "raw CPU");
+  std::fflush(stdout);
+
+  std::vector<bench::json> rows;
+  failures fail;
+  for (const workload* w : o.work) {
+    for (unsigned threads : o.threads) {
+      for (unsigned coroutines : o.coroutines) {
+        const unsigned actors = o.actors ? o.actors : threads;
+        std::optional<measured> ours;
+        switch (w->fam) {
+          case family::sgemm:
+            ours = measure_ours<family::sgemm>(o, *w, threads, coroutines, actors, fail);
+            break;
+          case family::fft:
+            ours = measure_ours<family::fft>(o, *w, threads, coroutines, actors, fail);
+            break;
+          case family::rng:
+            ours = measure_ours<family::rng>(o, *w, threads, coroutines, actors, fail);
+            break;
+        }
+        std::optional<measured> raw;
+        if (ours) raw = measure_raw(o, *w, threads, coroutines, fail);
+        if (!ours || !raw) {
+          const auto n = fail.count();
+          std::fprintf(stderr, "%s: %s\n", prog, fail.first().c_str());
+          if (n > 1)
+            std::fprintf(stderr, "%s: (%llu failures in all)\n", prog,
+                         static_cast<unsigned long long>(n));
+          return exit_failed;
+        }
+        const double ratio = raw->ops_per_s() > 0 ? ours->ops_per_s() / raw->ops_per_s() : 0.0;
+        std::printf("%-9s %4u %6u %6u %12.0f %12.0f %7.3f %10.2f %10.2f\n", w->name, threads,
+                    coroutines, actors, ours->ops_per_s(), raw->ops_per_s(), ratio,
+                    ours->cpu_us_per_op(), raw->cpu_us_per_op());
+        std::fflush(stdout);
+        rows.push_back(bench::json::object({{"work", w->name},
+                                            {"io_threads", threads},
+                                            {"coroutines", coroutines},
+                                            {"actors", actors},
+                                            {"pinned", o.pin},
+                                            {"ops_per_s", ours->ops_per_s()},
+                                            {"raw_ceiling_ops_per_s", raw->ops_per_s()},
+                                            {"ratio", ratio},
+                                            {"cpu_us_per_op", ours->cpu_us_per_op()},
+                                            {"raw_cpu_us_per_op", raw->cpu_us_per_op()},
+                                            {"ops", ours->ops},
+                                            {"seconds", ours->seconds},
+                                            {"raw_ops", raw->ops},
+                                            {"raw_seconds", raw->seconds}}));
+      }
+    }
+  }
+  std::printf(
+      "(ratio = ours / raw; CPU us/op = process CPU time over the timed window / ops; raw\n"
+      " threads each own a stream and a library handle and synchronise once at the end)\n");
+  if (!o.json.empty()) {
+    const auto doc = bench::json::object({{"bench", "throughput"},
+                                          {"device", device},
+                                          {"date", bench::utc_now()},
+                                          {"command", command},
+                                          {"min_seconds", o.seconds},
+                                          {"min_ops", o.min_ops},
+                                          {"warmup_rounds", o.warmup},
+                                          {"throughput", bench::json::array(rows)}});
+    if (!bench::write_json(o.json, doc)) {
+      std::fprintf(stderr, "%s: cannot write %s\n", prog, o.json.c_str());
+      return exit_failed;
+    }
+  }
+  return exit_ok;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  options o;
+  if (auto done = parse_args(argc, argv, o)) return *done;
+  return run(o, command_line(argc, argv));
+}

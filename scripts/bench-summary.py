@@ -1,0 +1,434 @@
+#!/usr/bin/env python3
+"""Summarises the atomr-bench-* results (issue 5) into one JSON and a Markdown table.
+
+Reads, from a results directory (default bench/results/), whichever of these
+exist (a missing or unreadable one is skipped with a note on stderr):
+
+  latency.json     {"latency": [{"work", "strategy", "median_us", "p99_us",
+                    "raw_median_us", ...}], "idle_cpu_percent", "long_wait_cpu_percent"}
+  throughput.json  {"throughput": [{"work", "io_threads", "coroutines", "ops_per_s",
+                    "raw_ceiling_ops_per_s", ...}]}
+  large.json       {"large": [{"work", "lib_ms", "raw_ms", ...}]}
+  torch_peer.json  {"peer_torch": [{"work", "streams", "torch_ops_per_s"}]}
+
+each with "device", "date" and "command". Writes summary.json and summary.md
+(the Markdown also goes to stdout) and evaluates the targets of issue 5.
+
+Usage: scripts/bench-summary.py [DIR] [--out DIR]   (DIR: default bench/results of this checkout)
+Exit status: 0 written, 1 no results (the directory is missing or holds none of
+the files) or the output cannot be written, 64 bad usage. A failed target does
+not change the status.
+Python 3 standard library only.
+"""
+
+import json
+import os
+import sys
+
+PROG = "bench-summary"
+# bench/results of the checkout this script is in, whatever the working directory.
+DEFAULT_DIR = os.path.relpath(
+    os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "bench", "results"))
+
+# The targets of issue 5.
+EMPTY_OVERHEAD_US = 1.0  # default strategy, empty stream
+SGEMM_OVERHEAD_US = 1.5  # default strategy, sgemm: max(1.5 us, 2% of raw)
+SGEMM_OVERHEAD_FRACTION = 0.02
+THROUGHPUT_FRACTION = 0.90  # of the raw ceiling, sgemm64 and sgemm256, each T
+THROUGHPUT_WORKS = ("sgemm64", "sgemm256")
+LARGE_RATIO = 1.01  # lib within 1% of raw
+TORCH_FACTOR = 3.0  # ours >= 3x torch, every small workload, T = 1
+LONG_WAIT_CPU_PERCENT = 25.0
+
+SOURCES = (
+    ("latency", "latency.json"),
+    ("throughput", "throughput.json"),
+    ("large", "large.json"),
+    ("peer", "torch_peer.json"),
+)
+
+
+def note(msg):
+    print(f"{PROG}: {msg}", file=sys.stderr)
+
+
+def num(v):
+    """A finite float, or None."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return None
+    v = float(v)
+    return v if v == v and v not in (float("inf"), float("-inf")) else None
+
+
+def load(directory):
+    """The parsed files by kind; a missing or bad file is left out with a note."""
+    docs = {}
+    for kind, name in SOURCES:
+        path = os.path.join(directory, name)
+        if not os.path.exists(path):
+            note(f"{path} not found: no {kind} results")
+            continue
+        try:
+            with open(path, encoding="utf-8") as f:
+                doc = json.load(f)
+        except (OSError, ValueError) as e:
+            note(f"{path} skipped: {e}")
+            continue
+        if not isinstance(doc, dict):
+            note(f"{path} skipped: not a JSON object")
+            continue
+        docs[kind] = doc
+    return docs
+
+
+def rows_of(doc, key, path, fields):
+    """doc[key] as a list of dicts holding every field; others are skipped with a note."""
+    rows = doc.get(key)
+    if not isinstance(rows, list):
+        note(f"{path}: no list '{key}'")
+        return []
+    out = []
+    for i, r in enumerate(rows):
+        if not isinstance(r, dict) or any(f not in r for f in fields):
+            missing = [f for f in fields if not isinstance(r, dict) or f not in r]
+            note(f"{path}: {key}[{i}] skipped: missing {', '.join(missing)}")
+            continue
+        out.append(r)
+    return out
+
+
+def summarise(docs, directory):
+    out = {"device": None, "date": None, "command": None}
+
+    # Header: the device (warn if the files disagree), the latest date, the command.
+    devices = {d.get("device") for d in docs.values() if d.get("device")}
+    if len(devices) > 1:
+        note(f"results come from different devices: {', '.join(sorted(devices))}")
+    out["device"] = next((docs[k]["device"] for k, _ in SOURCES
+                          if k in docs and docs[k].get("device")), "unknown")
+    dates = sorted(d["date"] for d in docs.values() if isinstance(d.get("date"), str))
+    out["date"] = dates[-1] if dates else None
+    cmd_file = os.path.join(directory, "command.txt")
+    if os.path.exists(cmd_file):
+        # One command a line (scripts/bench.sh appends each one it runs).
+        with open(cmd_file, encoding="utf-8") as f:
+            out["command"] = "; ".join(line.strip() for line in f if line.strip())
+    else:
+        cmds = [docs[k]["command"] for k, _ in SOURCES
+                if k in docs and isinstance(docs[k].get("command"), str)]
+        out["command"] = "; ".join(cmds)
+
+    # Latency.
+    latency = []
+    if "latency" in docs:
+        for r in rows_of(docs["latency"], "latency", "latency.json",
+                         ("work", "strategy", "median_us", "p99_us", "raw_median_us")):
+            med, raw = num(r["median_us"]), num(r["raw_median_us"])
+            latency.append({
+                "work": r["work"],
+                "strategy": r["strategy"],
+                "median_us": med,
+                "p99_us": num(r["p99_us"]),
+                "raw_median_us": raw,
+                "overhead_us": med - raw if med is not None and raw is not None else None,
+            })
+    out["latency"] = latency
+
+    # Throughput.
+    throughput = []
+    if "throughput" in docs:
+        for r in rows_of(docs["throughput"], "throughput", "throughput.json",
+                         ("work", "io_threads", "coroutines", "ops_per_s",
+                          "raw_ceiling_ops_per_s")):
+            ops, ceil = num(r["ops_per_s"]), num(r["raw_ceiling_ops_per_s"])
+            throughput.append({
+                "work": r["work"],
+                "io_threads": r["io_threads"],
+                "coroutines": r["coroutines"],
+                "ops_per_s": ops,
+                "raw_ceiling_ops_per_s": ceil,
+                "fraction_of_ceiling": ops / ceil if ops is not None and ceil else None,
+            })
+    out["throughput"] = throughput
+
+    # Large operations.
+    large = []
+    if "large" in docs:
+        for r in rows_of(docs["large"], "large", "large.json", ("work", "lib_ms", "raw_ms")):
+            lib, raw = num(r["lib_ms"]), num(r["raw_ms"])
+            row = {"work": r["work"], "lib_ms": lib, "raw_ms": raw,
+                   "ratio": lib / raw if lib is not None and raw else None}
+            for extra in ("lib_p99_ms", "raw_p99_ms", "reps"):
+                if extra in r:
+                    row[extra] = r[extra]
+            if isinstance(r.get("check"), dict) and "ok" in r["check"]:
+                row["check_ok"] = r["check"]["ok"]
+            large.append(row)
+    out["large"] = large
+
+    # Peer: torch's best stream count against our best at io_threads == 1.
+    peer = []
+    if "peer" in docs:
+        best_torch = {}
+        for r in rows_of(docs["peer"], "peer_torch", "torch_peer.json",
+                         ("work", "torch_ops_per_s")):
+            v = num(r["torch_ops_per_s"])
+            if v is not None and (r["work"] not in best_torch or v > best_torch[r["work"]][0]):
+                best_torch[r["work"]] = (v, r.get("streams"))
+        for work, (torch, streams) in best_torch.items():
+            ours = [t for t in throughput
+                    if t["work"] == work and t["io_threads"] == 1 and t["ops_per_s"] is not None]
+            best = max(ours, key=lambda t: t["ops_per_s"]) if ours else None
+            if best is None:
+                note(f"peer {work}: no throughput result at io_threads == 1 to compare with")
+            peer.append({
+                "work": work,
+                "ours_ops_per_s": best["ops_per_s"] if best else None,
+                "torch_ops_per_s": torch,
+                "ratio": best["ops_per_s"] / torch if best and torch else None,
+                "ours_coroutines": best["coroutines"] if best else None,
+                "torch_streams": streams,
+            })
+    out["peer"] = peer
+
+    lat = docs.get("latency", {})
+    out["idle_cpu_percent"] = num(lat.get("idle_cpu_percent"))
+    out["long_wait_cpu_percent"] = num(lat.get("long_wait_cpu_percent"))
+    if "latency" in docs:
+        for k in ("idle_cpu_percent", "long_wait_cpu_percent"):
+            if out[k] is None:
+                note(f"latency.json: no {k}")
+
+    out["targets"] = targets(out)
+    out["sources"] = {k: {"date": docs[k].get("date"), "command": docs[k].get("command")}
+                      for k, _ in SOURCES if k in docs}
+    return out
+
+
+def check(measured, limit, passed, **ids):
+    c = dict(ids)
+    c.update({"measured": measured, "limit": limit,
+              "pass": None if measured is None else bool(passed)})
+    return c
+
+
+def target(description, unit, checks):
+    """A target passes when it has checks and every one passes; null without data."""
+    results = [c["pass"] for c in checks]
+    if not checks or any(p is None for p in results):
+        verdict = None
+    else:
+        verdict = all(results)
+    return {"description": description, "unit": unit, "pass": verdict, "checks": checks}
+
+
+def targets(s):
+    t = {}
+
+    # 1. Latency overhead of the default strategy.
+    rows = [r for r in s["latency"] if r["strategy"] == "default"]
+    strategy = "default"
+    if not rows:
+        rows = [r for r in s["latency"] if r["strategy"] == "event_poll"]
+        strategy = "event_poll"
+        if rows:
+            note("latency: no 'default' strategy rows; using event_poll (the library default)")
+    checks = []
+    for r in rows:
+        raw = r["raw_median_us"]
+        if r["work"] == "empty":
+            limit = EMPTY_OVERHEAD_US
+        elif r["work"].startswith("sgemm"):
+            limit = max(SGEMM_OVERHEAD_US, SGEMM_OVERHEAD_FRACTION * raw) if raw is not None \
+                else SGEMM_OVERHEAD_US
+        else:
+            continue
+        m = r["overhead_us"]
+        checks.append(check(m, limit, m is not None and m <= limit, work=r["work"],
+                            strategy=strategy))
+    t["latency_overhead"] = target(
+        "default-strategy median overhead (median_us - raw_median_us): <= 1.0 us on empty, "
+        "<= max(1.5 us, 2% of raw) on sgemm256/1024/4096", "us", checks)
+
+    # 2. Throughput against the raw ceiling, best coroutine count at each T.
+    best = {}
+    for r in s["throughput"]:
+        if r["work"] not in THROUGHPUT_WORKS or r["fraction_of_ceiling"] is None:
+            continue
+        key = (r["work"], r["io_threads"])
+        if key not in best or r["fraction_of_ceiling"] > best[key]["fraction_of_ceiling"]:
+            best[key] = r
+    checks = [check(r["fraction_of_ceiling"], THROUGHPUT_FRACTION,
+                    r["fraction_of_ceiling"] >= THROUGHPUT_FRACTION, work=r["work"],
+                    io_threads=r["io_threads"], coroutines=r["coroutines"])
+              for _, r in sorted(best.items(),
+                                 key=lambda kv: (THROUGHPUT_WORKS.index(kv[0][0]), kv[0][1]))]
+    t["throughput_vs_ceiling"] = target(
+        "ops_per_s >= 90% of raw_ceiling_ops_per_s for sgemm64 and sgemm256 at each io_threads "
+        "(best coroutine count)", "fraction", checks)
+
+    # 3. Large operations within 1% of the raw call.
+    checks = [check(r["ratio"], LARGE_RATIO, r["ratio"] is not None and r["ratio"] <= LARGE_RATIO,
+                    work=r["work"]) for r in s["large"]]
+    t["large_vs_raw"] = target("lib_ms / raw_ms <= 1.01 for every large operation", "ratio",
+                               checks)
+
+    # 4. Ours against PyTorch at one io thread.
+    checks = [check(r["ratio"], TORCH_FACTOR, r["ratio"] is not None and r["ratio"] >= TORCH_FACTOR,
+                    work=r["work"]) for r in s["peer"]]
+    t["peer_vs_torch"] = target(
+        "ours_ops_per_s (io_threads == 1) >= 3x torch_ops_per_s on every small workload",
+        "ratio", checks)
+
+    # 5. CPU use during a long wait.
+    m = s["long_wait_cpu_percent"]
+    t["long_wait_cpu"] = target(
+        "long_wait_cpu_percent <= 25", "percent",
+        [check(m, LONG_WAIT_CPU_PERCENT, m <= LONG_WAIT_CPU_PERCENT)] if m is not None else [])
+
+    verdicts = [v["pass"] for v in t.values()]
+    t["all_pass"] = None if any(v is None for v in verdicts) else all(verdicts)
+    return t
+
+
+# ------------------------------------------------------------------ Markdown
+
+def fmt(v, digits=3):
+    if v is None:
+        return "n/a"
+    if isinstance(v, bool):
+        return "yes" if v else "no"
+    if isinstance(v, int):
+        return str(v)
+    if isinstance(v, float):
+        if v == 0:
+            return "0"
+        a = abs(v)
+        if a >= 1000:
+            return f"{v:,.0f}"
+        if a >= 100:
+            return f"{v:.1f}"
+        return f"{v:.{digits}g}" if a < 1 else f"{v:.{digits}f}".rstrip("0").rstrip(".")
+    return str(v)
+
+
+def verdict(p):
+    return "n/a" if p is None else ("pass" if p else "**FAIL**")
+
+
+def table(header, rows):
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join(" --- " for _ in header) + "|"]
+    lines += ["| " + " | ".join(str(c).replace("|", "\\|") for c in r) + " |" for r in rows]
+    return lines
+
+
+def markdown(s):
+    md = [f"Device: {s['device']}; date: {s['date'] or 'n/a'}.", "",
+          f"Command: `{s['command']}`" if s["command"] else "Command: n/a", ""]
+
+    md += ["**Completion latency** (medians of one awaited operation; overhead = median - raw)",
+           ""]
+    if s["latency"]:
+        md += table(["work", "strategy", "median us", "p99 us", "raw median us", "overhead us"],
+                    [[r["work"], r["strategy"], fmt(r["median_us"]), fmt(r["p99_us"]),
+                      fmt(r["raw_median_us"]), fmt(r["overhead_us"])] for r in s["latency"]])
+    else:
+        md.append("no latency results")
+    md += ["", f"CPU: idle {fmt(s['idle_cpu_percent'])}%, during a long wait "
+               f"{fmt(s['long_wait_cpu_percent'])}% of one core.", ""]
+
+    md += ["**Throughput** (small operations; T = io threads)", ""]
+    if s["throughput"]:
+        md += table(["work", "T", "coroutines", "ops/s", "raw ceiling ops/s", "of ceiling"],
+                    [[r["work"], r["io_threads"], r["coroutines"], fmt(r["ops_per_s"]),
+                      fmt(r["raw_ceiling_ops_per_s"]),
+                      "n/a" if r["fraction_of_ceiling"] is None
+                      else f"{100 * r['fraction_of_ceiling']:.1f}%"] for r in s["throughput"]])
+    else:
+        md.append("no throughput results")
+    md.append("")
+
+    md += ["**Large operations** (library vs the raw call, medians)", ""]
+    if s["large"]:
+        md += table(["work", "lib ms", "raw ms", "lib/raw"],
+                    [[r["work"], fmt(r["lib_ms"], 4), fmt(r["raw_ms"], 4), fmt(r["ratio"], 4)]
+                     for r in s["large"]])
+    else:
+        md.append("no large-operation results")
+    md.append("")
+
+    md += ["**Against PyTorch** (ours at T = 1, torch at its best stream count)", ""]
+    if s["peer"]:
+        md += table(["work", "ours ops/s", "torch ops/s", "ours/torch"],
+                    [[r["work"], fmt(r["ours_ops_per_s"]), fmt(r["torch_ops_per_s"]),
+                      fmt(r["ratio"])] for r in s["peer"]])
+    else:
+        md.append("no peer results")
+    md.append("")
+
+    md += ["**Targets of issue 5**", ""]
+    rows = []
+    for name, t in s["targets"].items():
+        if name == "all_pass":
+            continue
+        if not t["checks"]:
+            rows.append([name, "no data", "", "", "n/a"])
+        for c in t["checks"]:
+            ids = ", ".join(str(c[k]) if k == "work" else f"{k}={c[k]}"
+                            for k in c if k not in ("measured", "limit", "pass"))
+            rows.append([name, ids or "-", fmt(c["measured"], 4), fmt(c["limit"], 4),
+                         verdict(c["pass"])])
+    md += table(["target", "case", "measured", "limit", "result"], rows)
+    md += ["", f"All targets: {verdict(s['targets']['all_pass'])}."]
+    return "\n".join(md) + "\n"
+
+
+def main(argv):
+    out_dir, positional = None, []
+    args = list(argv)
+    while args:
+        a = args.pop(0)
+        if a in ("-h", "--help"):
+            print(__doc__.strip())
+            return 0
+        if a == "--out" or a.startswith("--out="):
+            out_dir = a.split("=", 1)[1] if "=" in a else (args.pop(0) if args else "")
+            if not out_dir:
+                note("--out needs a directory")
+                return 64
+        elif a.startswith("-"):
+            note(f"unknown option {a} (try --help)")
+            return 64
+        else:
+            positional.append(a)
+    if len(positional) > 1:
+        note(f"unexpected argument {positional[1]} (try --help)")
+        return 64
+    directory = positional[0] if positional else DEFAULT_DIR
+    out_dir = out_dir or directory
+    if not os.path.isdir(directory):
+        note(f"{directory}: no such directory")
+        return 1
+
+    docs = load(directory)
+    if not docs:
+        note(f"no results in {directory}; nothing written")
+        return 1
+    s = summarise(docs, directory)
+    md = markdown(s)
+    try:
+        os.makedirs(out_dir, exist_ok=True)
+        with open(os.path.join(out_dir, "summary.json"), "w", encoding="utf-8") as f:
+            json.dump(s, f, indent=2)
+            f.write("\n")
+        with open(os.path.join(out_dir, "summary.md"), "w", encoding="utf-8") as f:
+            f.write(md)
+    except OSError as e:
+        note(f"cannot write the summary: {e}")
+        return 1
+    sys.stdout.write(md)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Runs the benchmarks on the GPU machine and gathers their JSON:
+#   bash scripts/bench.sh            # all of them, into $OUT (or ./bench-out)
+#   BENCHES="latency" bash scripts/bench.sh
+# Then, here: copy the JSON into bench/results/ and run
+#   python3 scripts/bench-summary.py && python3 scripts/bench-plot.py
+set -u -o pipefail
+out=${OUT:-$PWD/bench-out}
+mkdir -p "$out"
+build=${BUILD:-build-gpu}
+[ -d "$build" ] || meson setup "$build" --buildtype=release >"$out/bench-setup.log" 2>&1 ||
+  { tail -20 "$out/bench-setup.log"; exit 1; }
+ninja -C "$build" >"$out/bench-build.log" 2>&1 || { tail -30 "$out/bench-build.log"; exit 1; }
+rc=0
+for b in ${BENCHES:-latency throughput large torch}; do
+  echo "=== $b"
+  case $b in
+    torch) cmd=(python3 bench/peers/torch_small.py --json "$out/torch_peer.json") ;;
+    *) cmd=("$build/bench/atomr-bench-$b" ${BENCH_ARGS:-} --json "$out/$b.json") ;;
+  esac
+  echo "${cmd[*]}" | sed "s|$out/|bench/results/|g" >>"$out/command.txt"
+  timeout "${BENCH_TIMEOUT:-240}" "${cmd[@]}" || { echo "$b rc=$?"; rc=1; }
+done
+exit $rc
