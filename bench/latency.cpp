@@ -228,10 +228,9 @@ int main(int argc, char** argv) {
 
   auto body = [&]() -> asio::awaitable<void> {
     const cuda::completion def = st->dev.options().default_completion;
-    std::printf("default strategy: %s (spin %lld us, poll_interval %lld ns, max_backoff %lld us)\n",
+    std::printf("default strategy: %s (spin %lld us, max_backoff %lld us)\n",
                 std::string(cuda::to_string(def.kind)).c_str(),
                 static_cast<long long>(def.spin.count() / 1000),
-                static_cast<long long>(def.poll_interval.count()),
                 static_cast<long long>(def.max_backoff.count() / 1000));
     std::printf("\n%-10s %-14s %10s %10s %10s %10s %11s %11s\n", "work", "strategy", "median us",
                 "p99 us", "raw med", "overhead", "cpu us/op", "io cpu/op");

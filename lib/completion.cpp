@@ -2,6 +2,7 @@
 // completes the handler exactly once (first of: GPU done, fault, deadline,
 // cancellation), then releases it on the handler's own executor.
 #include "device_impl.hpp"
+#include "poll_hub.hpp"
 
 #include <atomr/cuda/completion.hpp>
 
@@ -150,52 +151,44 @@ protected:
 };
 
 // ---------------------------------------------------------------- event_poll
-// Re-checks the event on the awaiting executor: every turn while young
-// (spin), then from a timer whose period grows with the wait (a fraction of
-// the time already waited, capped), so a long kernel costs little CPU and
-// the added latency stays a small fraction of the wait.
-class poll_op final : public wait_op {
+// Handed to the device's poll_hub, which re-checks the event from the io
+// executor: on every turn while the wait is young (spin), then from a timer
+// whose period grows with the wait (1/64 of the time already waited,
+// capped), so a long kernel costs little CPU and the added latency stays a
+// small fraction of the wait. The hub queries only the oldest wait of each
+// stream (work on a stream finishes in order).
+class poll_op final : public wait_op, public polled_wait {
 public:
   using wait_op::wait_op;
 
+  cudaStream_t polled_stream() const noexcept override { return stream_.native_handle(); }
+  cudaEvent_t polled_event() const noexcept override { return ev_->native_handle(); }
+  bool polled_done() const noexcept override { return done_.load(std::memory_order_relaxed); }
+  clock::time_point polled_start() const noexcept override { return start_; }
+  clock::time_point polled_deadline() const noexcept override { return deadline_; }
+  clock::duration polled_spin() const noexcept override {
+    return std::chrono::duration_cast<clock::duration>(how_.spin);
+  }
+  clock::duration polled_max_backoff() const noexcept override {
+    return std::chrono::duration_cast<clock::duration>(how_.max_backoff);
+  }
+  void polled_complete(cudaError_t st, bool run_here) override {
+    if (st == cudaSuccess)
+      finish(outcome::success(), run_here);
+    else
+      finish(fault(st, "cudaEventQuery"), run_here);
+  }
+  void polled_expire() override { finish(timeout_error()); }
+  void polled_reject() override {
+    auto ok = dev_->check_accepting();
+    finish(ok ? make_error(errc::device_unavailable, "the device stopped")
+              : ok.error().tagged(library_));
+  }
+
 private:
   void launch() override {
-    asio::post(dev_->executor,
-               [self = std::static_pointer_cast<poll_op>(shared_from_this())] { self->step(); });
+    dev_->polls->add(std::static_pointer_cast<poll_op>(shared_from_this()));
   }
-
-  void step() {
-    if (done_.load(std::memory_order_relaxed)) return;
-    auto now = clock::now();
-    auto waited = now - start_;
-    const bool spinning = waited < how_.spin;
-    if (!spinning || now - last_check_ >= how_.poll_interval) {
-      last_check_ = now;
-      auto q = cudaEventQuery(ev_->native_handle());
-      if (q == cudaSuccess) return (void)finish(outcome::success(), true);
-      if (q != cudaErrorNotReady) return (void)finish(fault(q, "cudaEventQuery"), true);
-      if (auto ok = dev_->check_accepting(); !ok)
-        return (void)finish(ok.error().tagged(library_), true);
-      now = clock::now();
-      waited = now - start_;
-    }
-    if (now >= deadline_) return (void)finish(timeout_error(), true);
-    auto self = std::static_pointer_cast<poll_op>(shared_from_this());
-    if (spinning) {
-      asio::post(dev_->executor, [self] { self->step(); });
-      return;
-    }
-    const clock::duration cap = std::max<clock::duration>(how_.max_backoff, clock::duration(0));
-    const clock::duration floor = std::min<clock::duration>(std::chrono::microseconds(10), cap);
-    auto pause = std::clamp<clock::duration>(waited / 64, floor, cap);
-    pause = std::min<clock::duration>(pause, deadline_ - now);
-    if (!timer_) timer_.emplace(dev_->executor);
-    timer_->expires_after(pause);
-    timer_->async_wait([self](boost::system::error_code) { self->step(); });
-  }
-
-  std::optional<asio::steady_timer> timer_;
-  clock::time_point last_check_{};
 };
 
 // ---------------------------------------------------------------- host_fn

@@ -1,4 +1,5 @@
 #include "device_impl.hpp"
+#include "poll_hub.hpp"
 #include "pinned_pool.hpp"
 
 #include <atomr/cuda/gpu_ref.hpp>
@@ -78,7 +79,13 @@ stream_state::~stream_state() {
 }
 
 device_impl::device_impl(const asio::any_io_executor& ex, int ord, const device_options& o)
-    : executor(ex), ordinal(ord), options(o), strand_(ex), monitor_timer_(strand_) {}
+    : executor(ex),
+      ordinal(ord),
+      options(o),
+      polls(std::make_shared<poll_hub>(ex,
+                                       [this] { return health.load() == health_state::healthy; })),
+      strand_(ex),
+      monitor_timer_(strand_) {}
 
 device_impl::~device_impl() {
   {
@@ -231,6 +238,7 @@ void device_impl::on_context_shutdown() {
   parked_count -= parked_.size();
   parked_.clear();
   watched_.clear();
+  polls->clear();
   std::lock_guard lk(mu_);
   observers_.clear();
 }

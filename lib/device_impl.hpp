@@ -62,6 +62,7 @@ struct blocking_item {
 };
 
 class pinned_pool;
+class poll_hub;
 
 class device_impl : public std::enable_shared_from_this<device_impl> {
 public:
@@ -88,6 +89,7 @@ public:
   cudaMemPool_t mem_pool = nullptr;
   std::shared_ptr<event_pool> events;
   std::shared_ptr<pinned_pool> pinned;
+  std::shared_ptr<poll_hub> polls;  // event_poll waits
   std::shared_ptr<stream_state> main_stream, release_stream;
   std::vector<std::shared_ptr<stream_state>> stream_pool;
   std::atomic<std::size_t> next_pooled{0};

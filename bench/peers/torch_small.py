@@ -100,8 +100,13 @@ def nearest_rank(sorted_values, p):
     return sorted_values[min(max(k, 1), n) - 1]
 
 
-def make_launcher(torch, work, dev):
-    """Per-stream tensors for `work` and a function launching one op on set i."""
+def make_launcher(torch, work, dev, style="tuned"):
+    """Per-stream tensors for `work` and a function launching one op on set i.
+
+    style "tuned": in-place forms writing preallocated outputs (out=, normal_).
+    style "idiomatic": what a PyTorch user writes: each op returns a new tensor
+    from the caching allocator (a @ b, torch.fft.fft(x), torch.randn(n)).
+    """
     if work.startswith("sgemm"):
         n = int(work[len("sgemm"):])
 
@@ -112,6 +117,8 @@ def make_launcher(torch, work, dev):
             return (a, b, c)
 
         def launch(t):
+            if style == "idiomatic":
+                return t[0] @ t[1]
             torch.mm(t[0], t[1], out=t[2])
 
     elif work == "fft4096":
@@ -123,6 +130,8 @@ def make_launcher(torch, work, dev):
             return (x, y)
 
         def launch(t):
+            if style == "idiomatic":
+                return torch.fft.fft(t[0])
             torch.fft.fft(t[0], out=t[1])
 
     elif work == "rng1M":
@@ -132,6 +141,8 @@ def make_launcher(torch, work, dev):
             return (torch.empty(n, device=dev, dtype=torch.float32),)
 
         def launch(t):
+            if style == "idiomatic":
+                return torch.randn(n, device=dev, dtype=torch.float32)
             t[0].normal_()
 
     else:
@@ -139,9 +150,20 @@ def make_launcher(torch, work, dev):
     return alloc, launch
 
 
-def throughput(torch, work, args, dev):
-    """Round-robin launches over args.streams streams from this one thread."""
-    alloc, launch = make_launcher(torch, work, dev)
+def throughput(torch, work, args, dev, style="tuned"):
+    """Round-robin launches over args.streams streams from this one thread.
+
+    "tuned" switches streams with torch.cuda.set_stream; "idiomatic" enters a
+    `with torch.cuda.stream(s):` block per launch, as user code does."""
+    alloc, launch_on = make_launcher(torch, work, dev, style)
+    if style == "idiomatic":
+        def launch(t, s):
+            with torch.cuda.stream(s):
+                launch_on(t)
+    else:
+        def launch(t, s):
+            torch.cuda.set_stream(s)
+            launch_on(t)
     streams = [torch.cuda.Stream(device=dev) for _ in range(args.streams)]
     default = torch.cuda.current_stream(dev)
     sets = [alloc() for _ in streams]
@@ -151,8 +173,7 @@ def throughput(torch, work, args, dev):
         # Warm-up: kernels loaded, cuBLAS / cuFFT plans made on every stream.
         for _ in range(args.warmup):
             for i in range(k):
-                torch.cuda.set_stream(streams[i])
-                launch(sets[i])
+                launch(sets[i], streams[i])
         torch.cuda.synchronize(dev)
 
         ops = 0
@@ -163,8 +184,7 @@ def throughput(torch, work, args, dev):
         while True:
             for j in range(chunk):
                 i = j % k
-                torch.cuda.set_stream(streams[i])
-                launch(sets[i])
+                launch(sets[i], streams[i])
             ops += chunk
             if time.perf_counter() >= deadline:
                 break
@@ -175,6 +195,7 @@ def throughput(torch, work, args, dev):
         torch.cuda.set_stream(default)
     return {
         "work": work,
+        "style": style,
         "streams": k,
         "torch_ops_per_s": ops / wall,
         "ops": ops,
@@ -241,12 +262,14 @@ def main(argv):
     }
     log = sys.stderr
     try:
-        log.write("%-9s %8s %14s %12s\n" % ("work", "streams", "torch ops/s", "CPU us/op"))
+        log.write("%-9s %-9s %8s %14s %12s\n"
+                  % ("work", "style", "streams", "torch ops/s", "CPU us/op"))
         for w in args.work:
-            r = throughput(torch, w, args, dev)
-            result["peer_torch"].append(r)
-            log.write("%-9s %8d %14.0f %12.2f\n"
-                      % (w, r["streams"], r["torch_ops_per_s"], r["cpu_us_per_op"]))
+            for style in ("idiomatic", "tuned"):
+                r = throughput(torch, w, args, dev, style)
+                result["peer_torch"].append(r)
+                log.write("%-9s %-9s %8d %14.0f %12.2f\n"
+                          % (w, style, r["streams"], r["torch_ops_per_s"], r["cpu_us_per_op"]))
         log.write("%-9s %12s %12s\n" % ("mm+sync", "median us", "p99 us"))
         for n in LATENCY_SIZES:
             r = sync_latency(torch, n, args.reps, dev)

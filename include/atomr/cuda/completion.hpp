@@ -43,12 +43,9 @@ struct completion {
   std::chrono::nanoseconds timeout = no_timeout;
   /// event_poll: how long to re-check on every turn of the executor before
   /// backing off to timer-driven checks (bounds CPU use on long kernels).
-  std::chrono::nanoseconds spin = std::chrono::microseconds(200);
+  std::chrono::nanoseconds spin = std::chrono::microseconds(1000);
   /// event_poll: the longest pause between checks once backed off.
-  std::chrono::nanoseconds max_backoff = std::chrono::microseconds(500);
-  /// event_poll: the shortest time between two checks while spinning; turns
-  /// of the executor in between only re-post (0: check on every turn).
-  std::chrono::nanoseconds poll_interval = std::chrono::nanoseconds(0);
+  std::chrono::nanoseconds max_backoff = std::chrono::microseconds(200);
 
   /// Waits until all work enqueued on `s` so far has finished, with this
   /// strategy. Completion signature void(result<void>); works with any Asio

@@ -1,0 +1,85 @@
+// Private: the device's one event poller for event_poll waits.
+//
+// Work on one stream finishes in order, so among the waits on a stream only
+// the oldest needs its event queried: if it is not done, no later one is.
+// One poller per device therefore costs one cudaEventQuery per busy stream
+// per turn, however many coroutines are waiting (a poller per wait cost one
+// query per wait per turn, which capped throughput with many waits in
+// flight: docs/performance.md).
+#pragma once
+
+#include <boost/asio/any_io_executor.hpp>
+#include <cuda_runtime_api.h>
+
+#include <chrono>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <utility>
+#include <vector>
+
+namespace atomr::cuda::detail {
+
+namespace asio = boost::asio;
+
+/// What the poller needs from a wait (implemented in completion.cpp).
+class polled_wait {
+public:
+  using clock = std::chrono::steady_clock;
+  virtual ~polled_wait() = default;
+  virtual cudaStream_t polled_stream() const noexcept = 0;
+  virtual cudaEvent_t polled_event() const noexcept = 0;
+  /// Finished already (cancelled, timed out, failed).
+  virtual bool polled_done() const noexcept = 0;
+  virtual clock::time_point polled_start() const noexcept = 0;
+  virtual clock::time_point polled_deadline() const noexcept = 0;
+  /// Spin budget, shortest and longest pause of the wait's completion.
+  virtual clock::duration polled_spin() const noexcept = 0;
+  virtual clock::duration polled_max_backoff() const noexcept = 0;
+  /// Completes the wait with the event's status (success or a fault);
+  /// `run_here`: the handler may run on this thread now (else it is posted).
+  virtual void polled_complete(cudaError_t status, bool run_here) = 0;
+  /// Completes the wait with errc::timeout.
+  virtual void polled_expire() = 0;
+  /// The device stopped accepting work: completes the wait with that error.
+  virtual void polled_reject() = 0;
+};
+
+class poll_hub : public std::enable_shared_from_this<poll_hub> {
+public:
+  using clock = polled_wait::clock;
+
+  /// `accepting` reports whether the device still accepts work.
+  poll_hub(asio::any_io_executor ex, std::function<bool()> accepting);
+
+  /// Adds a wait whose event is recorded; the poller starts if idle.
+  void add(std::shared_ptr<polled_wait> w);
+  /// Drops every wait without completing it (context shutdown).
+  void clear();
+  std::size_t pending() const;
+
+private:
+  struct lane {
+    cudaStream_t stream;
+    std::deque<std::shared_ptr<polled_wait>> waits;  // in the order their events were recorded
+    /// How long recent waits on this stream took (moving average), or zero:
+    /// past the spin budget the poller sleeps until just before that and
+    /// spins across it, instead of waking on its backoff timer.
+    clock::duration typical{};
+  };
+  /// `full`: query every wait, not only each lane's oldest (a safety net for
+  /// waits registered in a different order than their events were recorded).
+  void step(bool full);
+  void schedule_locked(bool spin, clock::duration pause);
+
+  asio::any_io_executor ex_;
+  std::function<bool()> accepting_;
+  mutable std::mutex mu_;
+  std::vector<lane> lanes_;
+  std::size_t count_ = 0;
+  bool step_queued_ = false;                                // a step is deferred (runs soon)
+  clock::time_point timer_due_ = clock::time_point::max();  // earliest armed timer
+};
+
+}  // namespace atomr::cuda::detail
