@@ -42,9 +42,9 @@ void poll_hub::schedule_locked(bool spin, clock::duration pause) {
   if (step_queued_) return;
   if (spin) {
     step_queued_ = true;
-    // defer: a continuation of the running handler when called on an io
-    // thread (the thread's private queue, no wake-up of another thread).
-    asio::defer(ex_, [self = shared_from_this()] {
+    // post, not defer: the next look must be open to every io thread at once,
+    // not only after the handler now running on this one returns.
+    asio::post(ex_, [self = shared_from_this()] {
       {
         std::lock_guard lk(self->mu_);
         self->step_queued_ = false;
@@ -75,73 +75,110 @@ namespace {
 constexpr auto k_lead = std::chrono::microseconds(60);
 constexpr auto k_window = std::chrono::microseconds(120);
 constexpr std::size_t k_idle_lanes = 64;  // lanes kept for their history
+constexpr std::size_t k_batch = 16;       // waits of a lane looked at per step
 }  // namespace
 
 void poll_hub::step(bool full) {
-  struct ready {
-    std::shared_ptr<polled_wait> w;
-    cudaError_t status;
-  };
-  std::vector<ready> done;
+  // One step at a time; a step that finds another running leaves the next
+  // look to it (it schedules one whenever waits remain).
+  std::unique_lock step_lock(step_mu_, std::try_to_lock);
+  if (!step_lock.owns_lock()) return;
+
+  // 1. Under the lock: which events to query (each lane's oldest pending
+  //    waits, or all of them on a timer step), and the waits that are over.
+  // Per lane, in order: its first few pending waits (all of them on a full step).
+  std::vector<std::vector<std::shared_ptr<polled_wait>>> to_query;
   std::vector<std::shared_ptr<polled_wait>> expired, rejected;
   {
     std::lock_guard lk(mu_);
     if (count_ == 0) return;
     const bool accepting = accepting_();
     const auto now = clock::now();
-    bool spin = false;
-    clock::duration pause = clock::duration::max();
+    to_query.reserve(lanes_.size());
     for (auto& l : lanes_) {
-      bool head = true;  // the oldest still-pending wait of this lane
+      auto& q = to_query.emplace_back();
       for (auto it = l.waits.begin(); it != l.waits.end();) {
         auto& w = *it;
-        bool drop = w->polled_done();
-        if (!drop && !accepting) {
-          rejected.push_back(w);
-          drop = true;
+        std::vector<std::shared_ptr<polled_wait>>* out = nullptr;
+        if (!w->polled_done()) {
+          if (!accepting)
+            out = &rejected;
+          else if (now >= w->polled_deadline())
+            out = &expired;
         }
-        if (!drop && (head || full)) {
-          const cudaError_t q = cudaEventQuery(w->polled_event());
-          if (q != cudaErrorNotReady) {
-            if (q == cudaSuccess) {
-              const auto took = now - w->polled_start();
-              l.typical = l.typical == clock::duration::zero() ? took : (3 * l.typical + took) / 4;
-            }
-            done.push_back({w, q});
-            drop = true;
-          }
-        }
-        if (!drop && now >= w->polled_deadline()) {
-          expired.push_back(w);
-          drop = true;
-        }
-        if (drop) {
+        if (out != nullptr || w->polled_done()) {
+          if (out != nullptr) out->push_back(w);
           it = l.waits.erase(it);
           --count_;
           continue;
         }
+        if (full || q.size() < k_batch) q.push_back(w);
+        ++it;
+      }
+    }
+  }
+
+  // 2. Without the lock (other threads keep adding waits): the queries. On a
+  //    lane, once one is not done, no later one is (in order); a full step
+  //    asks them all anyway (waits added out of recording order).
+  struct ready {
+    std::shared_ptr<polled_wait> w;
+    cudaError_t status;
+  };
+  std::vector<ready> done;
+  for (auto& lane_waits : to_query) {
+    for (auto& w : lane_waits) {
+      const cudaError_t q = cudaEventQuery(w->polled_event());
+      if (q != cudaErrorNotReady)
+        done.push_back({std::move(w), q});
+      else if (!full)
+        break;
+    }
+  }
+
+  // 3. Under the lock: drop the finished waits, follow each lane past its
+  //    finished oldest, and decide when to look again.
+  const auto now = clock::now();
+  {
+    std::lock_guard lk(mu_);
+    for (auto& d : done) {
+      for (auto& l : lanes_) {
+        if (l.stream != d.w->polled_stream()) continue;
+        auto it = std::find(l.waits.begin(), l.waits.end(), d.w);
+        if (it == l.waits.end()) break;  // dropped meanwhile (cancelled)
+        l.waits.erase(it);
+        --count_;
+        l.last_done = now;
+        if (d.status == cudaSuccess) {
+          const auto took = now - d.w->polled_start();
+          l.typical = l.typical == clock::duration::zero() ? took : (3 * l.typical + took) / 4;
+        }
+        break;
+      }
+    }
+    bool spin = false;
+    clock::duration pause = clock::duration::max();
+    for (auto& l : lanes_) {
+      if (l.waits.empty()) continue;
+      const auto& head = l.waits.front();
+      // Work is streaming through this lane: keep looking on every turn.
+      if (now - l.last_done < head->polled_spin()) spin = true;
+      for (const auto& w : l.waits) {
+        if (now - w->polled_start() < w->polled_spin()) spin = true;
         if (w->polled_deadline() != clock::time_point::max())
           pause = std::min<clock::duration>(pause, w->polled_deadline() - now);
-        if (head) {
-          // Only the oldest pending wait of a lane decides when to look again.
-          head = false;
-          const auto waited = now - w->polled_start();
-          const auto typical = l.typical;
-          if (waited < w->polled_spin()) {
-            spin = true;
-          } else if (typical > clock::duration::zero() && waited < typical + k_window) {
-            const auto cap = std::max(w->polled_max_backoff(), clock::duration::zero());
-            if (waited + k_lead >= typical)
-              spin = true;
-            else
-              pause = std::min<clock::duration>(pause, std::min(cap, typical - k_lead - waited));
-          } else {
-            const auto cap = std::max(w->polled_max_backoff(), clock::duration::zero());
-            const auto floor = std::min<clock::duration>(std::chrono::microseconds(10), cap);
-            pause = std::min(pause, std::clamp<clock::duration>(waited / 64, floor, cap));
-          }
-        }
-        ++it;
+      }
+      // Past the spin budget, the oldest wait of the lane decides the pause.
+      const auto waited = now - head->polled_start();
+      const auto cap = std::max(head->polled_max_backoff(), clock::duration::zero());
+      if (l.typical > clock::duration::zero() && waited < l.typical + k_window) {
+        if (waited + k_lead >= l.typical)
+          spin = true;
+        else
+          pause = std::min<clock::duration>(pause, std::min(cap, l.typical - k_lead - waited));
+      } else {
+        const auto floor = std::min<clock::duration>(std::chrono::microseconds(10), cap);
+        pause = std::min(pause, std::clamp<clock::duration>(waited / 64, floor, cap));
       }
     }
     if (lanes_.size() > k_idle_lanes)
@@ -150,12 +187,14 @@ void poll_hub::step(bool full) {
       schedule_locked(spin, std::clamp<clock::duration>(pause, clock::duration::zero(),
                                                         std::chrono::seconds(1)));
   }
-  // Outside the lock: handlers may add waits. The last completion runs on
-  // this thread; the others are posted so that other io threads can take them.
+  step_lock.unlock();
+
+  // 4. The handlers, outside both locks (they may add waits). A single
+  //    completion runs on this thread; several are posted so that every io
+  //    thread can take some.
   for (auto& w : rejected) w->polled_reject();
   for (auto& w : expired) w->polled_expire();
-  for (std::size_t i = 0; i < done.size(); ++i)
-    done[i].w->polled_complete(done[i].status, i + 1 == done.size());
+  for (auto& d : done) d.w->polled_complete(d.status, done.size() == 1);
 }
 
 }  // namespace atomr::cuda::detail

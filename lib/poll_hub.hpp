@@ -67,6 +67,7 @@ private:
     /// past the spin budget the poller sleeps until just before that and
     /// spins across it, instead of waking on its backoff timer.
     clock::duration typical{};
+    clock::time_point last_done{};  // when a wait of this lane last finished
   };
   /// `full`: query every wait, not only each lane's oldest (a safety net for
   /// waits registered in a different order than their events were recorded).
@@ -75,7 +76,8 @@ private:
 
   asio::any_io_executor ex_;
   std::function<bool()> accepting_;
-  mutable std::mutex mu_;
+  mutable std::mutex mu_;  // lanes_, count_, step_queued_, timer_due_
+  std::mutex step_mu_;     // one step at a time
   std::vector<lane> lanes_;
   std::size_t count_ = 0;
   bool step_queued_ = false;                                // a step is deferred (runs soon)
