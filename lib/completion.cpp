@@ -165,7 +165,6 @@ public:
   cudaEvent_t polled_event() const noexcept override { return ev_->native_handle(); }
   bool polled_done() const noexcept override { return done_.load(std::memory_order_relaxed); }
   clock::time_point polled_start() const noexcept override { return start_; }
-  clock::time_point polled_deadline() const noexcept override { return deadline_; }
   clock::duration polled_spin() const noexcept override {
     return std::chrono::duration_cast<clock::duration>(how_.spin);
   }
@@ -178,7 +177,6 @@ public:
     else
       finish(fault(st, "cudaEventQuery"), run_here);
   }
-  void polled_expire() override { finish(timeout_error()); }
   void polled_reject() override {
     auto ok = dev_->check_accepting();
     finish(ok ? make_error(errc::device_unavailable, "the device stopped")
@@ -187,6 +185,9 @@ public:
 
 private:
   void launch() override {
+    // The device monitor ends the wait at its deadline (and on a fault found
+    // elsewhere); the hub only looks at events.
+    if (deadline_ != clock::time_point::max()) dev_->watch(shared_from_this());
     dev_->polls->add(std::static_pointer_cast<poll_op>(shared_from_this()));
   }
 };

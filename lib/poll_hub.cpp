@@ -76,6 +76,7 @@ constexpr auto k_lead = std::chrono::microseconds(60);
 constexpr auto k_window = std::chrono::microseconds(120);
 constexpr std::size_t k_idle_lanes = 64;  // lanes kept for their history
 constexpr std::size_t k_batch = 16;       // waits of a lane looked at per step
+constexpr std::size_t k_full_batch = 64;  // the same, on a timer step
 }  // namespace
 
 void poll_hub::step(bool full) {
@@ -84,37 +85,31 @@ void poll_hub::step(bool full) {
   std::unique_lock step_lock(step_mu_, std::try_to_lock);
   if (!step_lock.owns_lock()) return;
 
-  // 1. Under the lock: which events to query (each lane's oldest pending
-  //    waits, or all of them on a timer step), and the waits that are over.
-  // Per lane, in order: its first few pending waits (all of them on a full step).
+  // 1. Under the lock: which events to query: each lane's oldest pending
+  //    waits (a few more on a timer step). Waits that finished otherwise
+  //    (cancelled, timed out by the device monitor) leave when they reach
+  //    the front. O(lanes), not O(waits): add() contends for this lock.
   std::vector<std::vector<std::shared_ptr<polled_wait>>> to_query;
-  std::vector<std::shared_ptr<polled_wait>> expired, rejected;
+  std::vector<std::shared_ptr<polled_wait>> rejected;
   {
     std::lock_guard lk(mu_);
     if (count_ == 0) return;
-    const bool accepting = accepting_();
-    const auto now = clock::now();
+    if (!accepting_()) {
+      for (auto& l : lanes_)
+        for (auto& w : l.waits)
+          if (!w->polled_done()) rejected.push_back(w);
+      lanes_.clear();
+      count_ = 0;
+    }
     to_query.reserve(lanes_.size());
+    const std::size_t batch = full ? k_full_batch : k_batch;
     for (auto& l : lanes_) {
-      auto& q = to_query.emplace_back();
-      for (auto it = l.waits.begin(); it != l.waits.end();) {
-        auto& w = *it;
-        std::vector<std::shared_ptr<polled_wait>>* out = nullptr;
-        if (!w->polled_done()) {
-          if (!accepting)
-            out = &rejected;
-          else if (now >= w->polled_deadline())
-            out = &expired;
-        }
-        if (out != nullptr || w->polled_done()) {
-          if (out != nullptr) out->push_back(w);
-          it = l.waits.erase(it);
-          --count_;
-          continue;
-        }
-        if (full || q.size() < k_batch) q.push_back(w);
-        ++it;
+      while (!l.waits.empty() && l.waits.front()->polled_done()) {
+        l.waits.pop_front();
+        --count_;
       }
+      auto& q = to_query.emplace_back();
+      for (std::size_t i = 0; i < l.waits.size() && i < batch; ++i) q.push_back(l.waits[i]);
     }
   }
 
@@ -161,13 +156,11 @@ void poll_hub::step(bool full) {
     for (auto& l : lanes_) {
       if (l.waits.empty()) continue;
       const auto& head = l.waits.front();
-      // Work is streaming through this lane: keep looking on every turn.
-      if (now - l.last_done < head->polled_spin()) spin = true;
-      for (const auto& w : l.waits) {
-        if (now - w->polled_start() < w->polled_spin()) spin = true;
-        if (w->polled_deadline() != clock::time_point::max())
-          pause = std::min<clock::duration>(pause, w->polled_deadline() - now);
-      }
+      // Keep looking on every turn while work streams through this lane or
+      // its newest wait (waits are added in time order) is young.
+      if (now - l.last_done < head->polled_spin() ||
+          now - l.waits.back()->polled_start() < l.waits.back()->polled_spin())
+        spin = true;
       // Past the spin budget, the oldest wait of the lane decides the pause.
       const auto waited = now - head->polled_start();
       const auto cap = std::max(head->polled_max_backoff(), clock::duration::zero());
@@ -193,7 +186,6 @@ void poll_hub::step(bool full) {
   //    completion runs on this thread; several are posted so that every io
   //    thread can take some.
   for (auto& w : rejected) w->polled_reject();
-  for (auto& w : expired) w->polled_expire();
   for (auto& d : done) d.w->polled_complete(d.status, done.size() == 1);
 }
 

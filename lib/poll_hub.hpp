@@ -30,18 +30,15 @@ public:
   virtual ~polled_wait() = default;
   virtual cudaStream_t polled_stream() const noexcept = 0;
   virtual cudaEvent_t polled_event() const noexcept = 0;
-  /// Finished already (cancelled, timed out, failed).
+  /// Finished already (cancelled, timed out by the device monitor, failed).
   virtual bool polled_done() const noexcept = 0;
   virtual clock::time_point polled_start() const noexcept = 0;
-  virtual clock::time_point polled_deadline() const noexcept = 0;
   /// Spin budget, shortest and longest pause of the wait's completion.
   virtual clock::duration polled_spin() const noexcept = 0;
   virtual clock::duration polled_max_backoff() const noexcept = 0;
   /// Completes the wait with the event's status (success or a fault);
   /// `run_here`: the handler may run on this thread now (else it is posted).
   virtual void polled_complete(cudaError_t status, bool run_here) = 0;
-  /// Completes the wait with errc::timeout.
-  virtual void polled_expire() = 0;
   /// The device stopped accepting work: completes the wait with that error.
   virtual void polled_reject() = 0;
 };

@@ -462,7 +462,7 @@ TEST_CASE_FIXTURE(blas_fixture, "every operation rejects bad arguments before an
   check_invalid(run(blas.nrm2(8, a, 0)), "nrm2: incx");
   check_invalid(run(blas.nrm2(65, d)), "nrm2: x");
   check_invalid(run(blas.asum(-1, a)), "asum: n");
-  check_invalid(run(blas.asum(8, d, 9)), "asum: x");
+  check_invalid(run(blas.asum(8, d, 10)), "asum: x");  // needs 1 + 7 * 10 = 71 of 64
   check_invalid(run(blas.iamax(0, a)), "iamax: n");
   check_invalid(run(blas.iamax(8, d, -1)), "iamax: incx");
 
