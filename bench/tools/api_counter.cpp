@@ -10,6 +10,7 @@
 
 #include <atomic>
 #include <cstdio>
+#include <cstdlib>
 #include <ctime>
 
 namespace {
@@ -62,6 +63,16 @@ struct reporter {
 }  // namespace
 
 extern "C" {
+// With ATOMR_SHIM_NO_BLOCKING_SYNC=1, events are created without
+// cudaEventBlockingSync (to measure what that flag costs).
+cudaError_t cudaEventCreateWithFlags(cudaEvent_t* e, unsigned int flags) {
+  static auto f = next<cudaError_t (*)(cudaEvent_t*, unsigned)>("cudaEventCreateWithFlags");
+  static const bool strip = [] {
+    const char* v = std::getenv("ATOMR_SHIM_NO_BLOCKING_SYNC");
+    return v != nullptr && v[0] == '1';
+  }();
+  return f(e, strip ? (flags & ~cudaEventBlockingSync) : flags);
+}
 cudaError_t cudaEventQuery(cudaEvent_t e) {
   static auto f = next<cudaError_t (*)(cudaEvent_t)>("cudaEventQuery");
   timed t{c_query};
