@@ -25,8 +25,23 @@ struct fault_fixture : gpu_fixture {
     std::optional<health_state> woke;
     dev.async_wait_health_change([&](health_state h) { woke = h; });
 
+    // The spin kernel really spins (so the others below are in flight).
+    {
+      const auto t0 = std::chrono::steady_clock::now();
+      auto r =
+          run(run_kernel("cuda", dev.main_stream(), event_poll{}, 0, [&](launch& l) -> result<int> {
+            if (auto st = kernels.spin(l.native_stream(), 20); st != cudaSuccess)
+              return classify(st, "cudaLaunchKernel(spin)");
+            return 0;
+          }));
+      REQUIRE(r);
+      CHECK(std::chrono::steady_clock::now() - t0 >= 19ms);
+    }
+
     const completion strategies[] = {event_poll{}, host_fn{}, blocking_sync{}};
     constexpr int others = 100;
+    const auto started = std::chrono::steady_clock::now();
+    auto last_other = started;
     int finished = 0, ok = 0, poisoned = 0, other_error = 0;
     std::string unexpected;
     for (int i = 0; i < others; ++i) {
@@ -42,6 +57,7 @@ struct fault_fixture : gpu_fixture {
                   return 0;
                 });
             ++finished;
+            last_other = std::chrono::steady_clock::now();
             if (r)
               ++ok;
             else if (r.error() == errc::context_poisoned)
@@ -55,6 +71,7 @@ struct fault_fixture : gpu_fixture {
     }
 
     std::optional<result<int>> faulted;
+    auto fault_seen = started;
     auto fault_stream = dev.acquire_stream(stream_policy::per_actor_fresh).value();
     asio::co_spawn(
         ioc,
@@ -65,6 +82,7 @@ struct fault_fixture : gpu_fixture {
                 if (st != cudaSuccess) return classify(st, "cudaLaunchKernel(write_to)");
                 return 0;
               }));
+          fault_seen = std::chrono::steady_clock::now();
         },
         asio::detached);
 
@@ -80,6 +98,9 @@ struct fault_fixture : gpu_fixture {
     CHECK(other_error == 0);
     if (!unexpected.empty()) MESSAGE("unexpected: ", unexpected);
     MESSAGE(ok, " of the others succeeded, ", poisoned, " failed with context_poisoned");
+    using ms_d = std::chrono::duration<double, std::milli>;
+    MESSAGE("fault seen after ", ms_d(fault_seen - started).count(), " ms; last other ended after ",
+            ms_d(last_other - started).count(), " ms");
 
     CHECK(dev.health() == health_state::poisoned);
     REQUIRE(woke);
