@@ -243,8 +243,8 @@ result<std::shared_ptr<generator>> make_generator(const rng_state& st,
   if (auto e = cudaSetDevice(st.core.dev.ordinal()); e != cudaSuccess)
     return classify(e, "cudaSetDevice").tagged(k_lib);
   auto g = std::make_shared<generator>(st.core.dev);
-  if (auto ok = curand_ok(curandCreateGenerator(&g->gen, native_kind(st.kind)),
-                          "curandCreateGenerator");
+  if (auto ok =
+          curand_ok(curandCreateGenerator(&g->gen, native_kind(st.kind)), "curandCreateGenerator");
       !ok) {
     g->gen = nullptr;
     return ok.error();
@@ -256,12 +256,12 @@ result<std::shared_ptr<generator>> make_generator(const rng_state& st,
                                 "curandSetPseudoRandomGeneratorSeed"));
   }
   if (offset != 0) {
-    BOOST_OUTCOME_TRY(curand_ok(curandSetGeneratorOffset(g->gen, offset), "curandSetGeneratorOffset"));
+    BOOST_OUTCOME_TRY(
+        curand_ok(curandSetGeneratorOffset(g->gen, offset), "curandSetGeneratorOffset"));
   }
   if (is_quasi(st.kind)) {
-    BOOST_OUTCOME_TRY(
-        curand_ok(curandSetQuasiRandomGeneratorDimensions(g->gen, st.dimensions),
-                  "curandSetQuasiRandomGeneratorDimensions"));
+    BOOST_OUTCOME_TRY(curand_ok(curandSetQuasiRandomGeneratorDimensions(g->gen, st.dimensions),
+                                "curandSetQuasiRandomGeneratorDimensions"));
   }
   return g;
 }
@@ -428,8 +428,8 @@ result<void> rng_actor::set_seed(std::uint64_t seed) const {
   } else {
     BOOST_OUTCOME_TRY(detail::curand_ok(curandSetPseudoRandomGeneratorSeed(st_->gen->gen, seed),
                                         "curandSetPseudoRandomGeneratorSeed"));
-    BOOST_OUTCOME_TRY(detail::curand_ok(curandSetGeneratorOffset(st_->gen->gen, 0),
-                                        "curandSetGeneratorOffset"));
+    BOOST_OUTCOME_TRY(
+        detail::curand_ok(curandSetGeneratorOffset(st_->gen->gen, 0), "curandSetGeneratorOffset"));
   }
   st_->seed = seed;
   return outcome::success();
