@@ -1,6 +1,5 @@
 #include "poll_hub.hpp"
 
-#include <boost/asio/defer.hpp>
 #include <boost/asio/post.hpp>
 #include <boost/asio/steady_timer.hpp>
 
@@ -31,11 +30,6 @@ void poll_hub::clear() {
   std::lock_guard lk(mu_);
   lanes_.clear();
   count_ = 0;
-}
-
-std::size_t poll_hub::pending() const {
-  std::lock_guard lk(mu_);
-  return count_;
 }
 
 void poll_hub::schedule_locked(bool spin, clock::duration pause) {

@@ -33,7 +33,7 @@ public:
   /// Finished already (cancelled, timed out by the device monitor, failed).
   virtual bool polled_done() const noexcept = 0;
   virtual clock::time_point polled_start() const noexcept = 0;
-  /// Spin budget, shortest and longest pause of the wait's completion.
+  /// The wait's spin budget and longest pause (completion::spin, max_backoff).
   virtual clock::duration polled_spin() const noexcept = 0;
   virtual clock::duration polled_max_backoff() const noexcept = 0;
   /// Completes the wait with the event's status (success or a fault);
@@ -54,7 +54,6 @@ public:
   void add(std::shared_ptr<polled_wait> w);
   /// Drops every wait without completing it (context shutdown).
   void clear();
-  std::size_t pending() const;
 
 private:
   struct lane {
@@ -66,8 +65,9 @@ private:
     clock::duration typical{};
     clock::time_point last_done{};  // when a wait of this lane last finished
   };
-  /// `full`: query every wait, not only each lane's oldest (a safety net for
-  /// waits registered in a different order than their events were recorded).
+  /// `full` (timer steps): query up to 64 waits of each lane even past one
+  /// that is not done (a safety net for waits registered in a different
+  /// order than their events were recorded).
   void step(bool full);
   void schedule_locked(bool spin, clock::duration pause);
 
@@ -77,7 +77,7 @@ private:
   std::mutex step_mu_;     // one step at a time
   std::vector<lane> lanes_;
   std::size_t count_ = 0;
-  bool step_queued_ = false;                                // a step is deferred (runs soon)
+  bool step_queued_ = false;                                // a step is posted (runs soon)
   clock::time_point timer_due_ = clock::time_point::max();  // earliest armed timer
 };
 
