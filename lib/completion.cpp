@@ -5,6 +5,7 @@
 #include "poll_hub.hpp"
 
 #include <atomr/cuda/completion.hpp>
+#include <atomr/cuda/run_kernel.hpp>
 
 #include <boost/asio/append.hpp>
 #include <boost/asio/associated_cancellation_slot.hpp>
@@ -157,7 +158,7 @@ protected:
 // capped), so a long kernel costs little CPU and the added latency stays a
 // small fraction of the wait. The hub queries only the oldest wait of each
 // stream (work on a stream finishes in order).
-class poll_op final : public wait_op, public polled_wait {
+class poll_op : public wait_op, public polled_wait {
 public:
   using wait_op::wait_op;
 
@@ -190,6 +191,114 @@ private:
     if (deadline_ != clock::time_point::max()) dev_->watch(shared_from_this());
     dev_->polls->add(std::static_pointer_cast<poll_op>(shared_from_this()));
   }
+};
+
+// ---------------------------------------------------------------- deferred
+// run_kernel's batch path: the enqueue itself waits in the stream's queue in
+// the hub; the drain runs the queued enqueues back to back (the library's
+// host code stays hot in the caches), records one event for all of them and
+// hands them to the hub as ordinary polled waits sharing that event. The
+// stage decides who may finish the op while it is queued or enqueuing
+// (never the canceller while the enqueue still uses the coroutine's frame).
+class queued_op final : public poll_op {
+public:
+  queued_op(std::shared_ptr<device_impl> d, cuda::launch& l, deferred_enqueue what,
+            deferred_status* status, const completion& how, std::string_view library,
+            wait_handler h)
+      : poll_op(std::move(d), l.get_stream(), nullptr, how, library, std::move(h)),
+        launch_(&l),
+        what_(what),
+        status_(status) {}
+
+  void start_queued() {
+    if (auto ok = dev_->check_accepting(); !ok) return (void)finish(ok.error().tagged(library_));
+    if (!stream_ || stream_.state()->owner != dev_.get())
+      return (void)finish(
+          make_error(errc::invalid_argument, "run_kernel: the stream is not of this device"));
+    auto slot = asio::get_associated_cancellation_slot(handler_);
+    if (slot.is_connected()) {
+      slot.assign([w = weak_from_this()](asio::cancellation_type t) {
+        using ct = asio::cancellation_type;
+        if ((t & (ct::terminal | ct::partial | ct::total)) == ct::none) return;
+        if (auto op = w.lock()) static_cast<queued_op*>(op.get())->cancel();
+      });
+    }
+    dev_->polls->defer(std::static_pointer_cast<queued_op>(shared_from_this()));
+  }
+
+  /// Drain: runs the enqueue unless the op was cancelled first; false when
+  /// the op is finished (cancelled, rejected, or the enqueue failed).
+  bool enqueue() {
+    int expected = queued;
+    if (!stage_.compare_exchange_strong(expected, enqueuing)) return false;
+    result<void> r = outcome::success();
+    if (auto ok = dev_->check_accepting(); !ok)
+      r = ok.error().tagged(library_);
+    else if (auto st = dev_->make_current(); st != cudaSuccess)
+      r = fault(st, "cudaSetDevice");
+    else
+      r = what_.fn(what_.ctx, *launch_);
+    if (r) {
+      status_->enqueued = true;
+      return true;
+    }
+    stage_.store(dropped);
+    finish(std::move(r));
+    return false;
+  }
+
+  /// Drain: the batch's event is recorded; stamps the buffers and starts
+  /// waiting. False if a cancellation arrived meanwhile (finished now).
+  bool arm(const shared_event& ev) {
+    launch_->stamp(ev);
+    status_->ev = ev;
+    ev_ = ev;
+    stage_.store(waiting);
+    // Last use of the frame's launch and status above: from here on any
+    // finish may resume the coroutine.
+    if (cancel_requested_.load()) {
+      finish(cancelled_error());
+      return false;
+    }
+    return true;
+  }
+
+  /// Drain: recording the batch's event failed after the enqueue.
+  void fail_enqueued(const gpu_error& e) {
+    stage_.store(dropped);
+    finish(e);
+  }
+
+  void polled_reject() override {
+    int expected = queued;
+    if (stage_.compare_exchange_strong(expected, dropped) || expected == waiting)
+      poll_op::polled_reject();
+  }
+
+  std::string_view library() const noexcept { return library_; }
+  device_impl& dev() const noexcept { return *dev_; }
+  cudaStream_t native_stream() const noexcept { return stream_.native_handle(); }
+
+private:
+  enum : int { queued, enqueuing, waiting, dropped };
+
+  void cancel() {
+    int expected = queued;
+    if (stage_.compare_exchange_strong(expected, dropped)) return (void)finish(cancelled_error());
+    cancel_requested_.store(true);
+    if (stage_.load() == waiting) finish(cancelled_error());
+  }
+
+  gpu_error cancelled_error() const {
+    return make_error(errc::cancelled,
+                      std::string(library_) + ": wait cancelled; the GPU work goes on");
+  }
+
+  cuda::launch* launch_;
+  deferred_enqueue what_;
+  deferred_status* status_;
+  std::atomic<int> stage_{queued};
+  std::atomic<bool> cancel_requested_{false};
 };
 
 // ---------------------------------------------------------------- host_fn
@@ -258,6 +367,42 @@ private:
 };
 
 }  // namespace
+
+void drain_deferred(std::vector<std::shared_ptr<polled_wait>>& batch) {
+  std::vector<std::shared_ptr<queued_op>> ok;
+  ok.reserve(batch.size());
+  for (auto& w : batch) {
+    auto op = std::static_pointer_cast<queued_op>(std::move(w));
+    if (op->enqueue()) ok.push_back(std::move(op));
+  }
+  batch.clear();
+  if (ok.empty()) return;
+  auto& first = *ok.front();
+  auto ev = record_event(first.dev(), first.native_stream(), first.library());
+  if (!ev) {
+    for (auto& op : ok) op->fail_enqueued(ev.error());
+    return;
+  }
+  first.dev().batches.fetch_add(1, std::memory_order_relaxed);
+  first.dev().ops_batched.fetch_add(ok.size(), std::memory_order_relaxed);
+  std::vector<std::shared_ptr<polled_wait>> waits;
+  waits.reserve(ok.size());
+  for (auto& op : ok)
+    if (op->arm(ev.value())) waits.push_back(std::move(op));
+  first.dev().polls->add_all(waits);
+}
+
+bool stream_busy(const stream& s) noexcept {
+  return s && s.state()->owner->polls->busy(s.native_handle());
+}
+
+void start_deferred(cuda::launch& l, deferred_enqueue what, deferred_status* status,
+                    const completion& how, std::string_view library, wait_handler handler) {
+  auto dev = l.get_stream().state()->owner->shared_from_this();
+  auto op = std::make_shared<queued_op>(std::move(dev), l, what, status, how, library,
+                                        std::move(handler));
+  op->start_queued();
+}
 
 void start_wait(const stream& s, std::shared_ptr<pooled_event> ev, const completion& how,
                 std::string_view library, wait_handler handler) {

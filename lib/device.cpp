@@ -527,6 +527,8 @@ device_statistics device::statistics() const {
   s.live_buffers = d.live_buffers.load();
   s.parked = d.parked_count.load();
   s.events_created = d.events ? d.events->created() : 0;
+  s.ops_batched = d.ops_batched.load();
+  s.batches = d.batches.load();
   s.pinned_cached_bytes = d.pinned ? d.pinned->cached_bytes() : 0;
   if (s.health == health_state::healthy && d.make_current() == cudaSuccess) {
     if (cudaMemGetInfo(&s.free_bytes, &s.total_bytes) != cudaSuccess) cudaGetLastError();

@@ -84,7 +84,7 @@ public:
 
   // statistics
   std::atomic<std::uint64_t> in_flight{0}, completed{0}, failed{0}, faults{0}, oom{0},
-      live_buffers{0}, parked_count{0};
+      live_buffers{0}, parked_count{0}, ops_batched{0}, batches{0};
 
   cudaMemPool_t mem_pool = nullptr;
   std::shared_ptr<event_pool> events;

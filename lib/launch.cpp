@@ -61,6 +61,11 @@ result<void*> launch::access(const std::shared_ptr<detail::buffer_state>& st, bo
 result<std::shared_ptr<detail::pooled_event>> launch::commit() {
   BOOST_OUTCOME_TRY(auto ev,
                     detail::record_event(*stream_.state()->owner, native_stream(), library_));
+  stamp(ev);
+  return ev;
+}
+
+void launch::stamp(const std::shared_ptr<detail::pooled_event>& ev) {
   const auto id = stream_.id();
   for (auto& [st, write] : touched_) {
     std::lock_guard lk(st->mu);
@@ -77,7 +82,6 @@ result<std::shared_ptr<detail::pooled_event>> launch::commit() {
       st->reads.push_back({id, ev});
   }
   touched_.clear();
-  return ev;
 }
 
 gpu_error launch::fail(gpu_error e) {

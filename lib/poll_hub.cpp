@@ -10,25 +10,77 @@ namespace atomr::cuda::detail {
 poll_hub::poll_hub(asio::any_io_executor ex, std::function<bool()> accepting)
     : ex_(std::move(ex)), accepting_(std::move(accepting)) {}
 
-void poll_hub::add(std::shared_ptr<polled_wait> w) {
-  std::lock_guard lk(mu_);
-  const cudaStream_t s = w->polled_stream();
+poll_hub::lane& poll_hub::lane_locked(cudaStream_t s) {
   auto it =
       std::find_if(lanes_.begin(), lanes_.end(), [&](const lane& l) { return l.stream == s; });
-  if (it == lanes_.end()) {
-    lanes_.push_back({s, {}});
-    it = std::prev(lanes_.end());
-  }
-  it->waits.push_back(std::move(w));
+  if (it != lanes_.end()) return *it;
+  lanes_.push_back(lane{.stream = s});
+  return lanes_.back();
+}
+
+void poll_hub::add_locked(std::shared_ptr<polled_wait> w) {
+  lane_locked(w->polled_stream()).waits.push_back(std::move(w));
   ++count_;
+}
+
+void poll_hub::add(std::shared_ptr<polled_wait> w) {
+  std::lock_guard lk(mu_);
+  add_locked(std::move(w));
   // A new wait starts young: it must be checked on the next turn even when
   // the poller sleeps on its timer for older ones.
   schedule_locked(true, clock::duration::zero());
 }
 
+void poll_hub::add_all(std::vector<std::shared_ptr<polled_wait>>& ws) {
+  if (ws.empty()) return;
+  std::lock_guard lk(mu_);
+  for (auto& w : ws) add_locked(std::move(w));
+  ws.clear();
+  schedule_locked(true, clock::duration::zero());
+}
+
+bool poll_hub::busy(cudaStream_t s) const {
+  std::lock_guard lk(mu_);
+  for (const auto& l : lanes_)
+    if (l.stream == s) return l.draining || !l.waits.empty();
+  return false;
+}
+
+void poll_hub::defer(std::shared_ptr<polled_wait> w) {
+  std::lock_guard lk(mu_);
+  auto& l = lane_locked(w->polled_stream());
+  l.deferred.push_back(std::move(w));
+  if (!l.draining) post_drain_locked(l);
+}
+
+void poll_hub::post_drain_locked(lane& l) {
+  l.draining = true;
+  // post: the drain runs after the handlers already queued, so that every
+  // coroutine resumed meanwhile adds its work to the same batch.
+  asio::post(ex_, [self = shared_from_this(), s = l.stream] { self->run_drain(s); });
+}
+
+void poll_hub::run_drain(cudaStream_t s) {
+  std::vector<std::shared_ptr<polled_wait>> batch;
+  {
+    std::lock_guard lk(mu_);
+    auto& l = lane_locked(s);
+    batch.swap(l.deferred);
+  }
+  // `draining` stays set while the batch is enqueued, so work submitted
+  // meanwhile (other io threads) queues behind it instead of racing it.
+  if (!batch.empty()) drain_deferred(batch);
+  std::lock_guard lk(mu_);
+  auto& l = lane_locked(s);
+  if (!l.deferred.empty())
+    post_drain_locked(l);
+  else
+    l.draining = false;
+}
+
 void poll_hub::clear() {
   std::lock_guard lk(mu_);
-  lanes_.clear();
+  lanes_.clear();  // deferred work is dropped with its handlers (shutdown)
   count_ = 0;
 }
 
@@ -69,8 +121,9 @@ namespace {
 constexpr auto k_lead = std::chrono::microseconds(60);
 constexpr auto k_window = std::chrono::microseconds(120);
 constexpr std::size_t k_idle_lanes = 64;  // lanes kept for their history
-constexpr std::size_t k_batch = 16;       // waits of a lane looked at per step
+constexpr std::size_t k_batch = 16;       // events of a lane looked at per step
 constexpr std::size_t k_full_batch = 64;  // the same, on a timer step
+constexpr std::size_t k_max_waits = 512;  // waits of a lane taken per step
 }  // namespace
 
 void poll_hub::step(bool full) {
@@ -89,9 +142,11 @@ void poll_hub::step(bool full) {
     std::lock_guard lk(mu_);
     if (count_ == 0) return;
     if (!accepting_()) {
-      for (auto& l : lanes_)
+      for (auto& l : lanes_) {
         for (auto& w : l.waits)
           if (!w->polled_done()) rejected.push_back(w);
+        for (auto& w : l.deferred) rejected.push_back(w);  // never enqueued
+      }
       lanes_.clear();
       count_ = 0;
     }
@@ -102,8 +157,16 @@ void poll_hub::step(bool full) {
         l.waits.pop_front();
         --count_;
       }
+      // Up to `batch` distinct events (waits of one batch share theirs).
       auto& q = to_query.emplace_back();
-      for (std::size_t i = 0; i < l.waits.size() && i < batch; ++i) q.push_back(l.waits[i]);
+      std::size_t events = 0;
+      cudaEvent_t last = nullptr;
+      for (std::size_t i = 0; i < l.waits.size() && i < k_max_waits; ++i) {
+        const cudaEvent_t ev = l.waits[i]->polled_event();
+        if (ev != last && ++events > batch) break;
+        last = ev;
+        q.push_back(l.waits[i]);
+      }
     }
   }
 
@@ -116,8 +179,14 @@ void poll_hub::step(bool full) {
   };
   std::vector<ready> done;
   for (auto& lane_waits : to_query) {
+    // Waits of one batch share an event: it is queried once.
+    cudaEvent_t last = nullptr;
+    cudaError_t last_q = cudaErrorNotReady;
     for (auto& w : lane_waits) {
-      const cudaError_t q = cudaEventQuery(w->polled_event());
+      const cudaEvent_t ev = w->polled_event();
+      const cudaError_t q = ev == last ? last_q : cudaEventQuery(ev);
+      last = ev;
+      last_q = q;
       if (q != cudaErrorNotReady)
         done.push_back({std::move(w), q});
       else if (!full)
@@ -133,9 +202,14 @@ void poll_hub::step(bool full) {
     for (auto& d : done) {
       for (auto& l : lanes_) {
         if (l.stream != d.w->polled_stream()) continue;
-        auto it = std::find(l.waits.begin(), l.waits.end(), d.w);
-        if (it == l.waits.end()) break;  // dropped meanwhile (cancelled)
-        l.waits.erase(it);
+        // Finished waits are usually the lane's oldest.
+        if (!l.waits.empty() && l.waits.front() == d.w) {
+          l.waits.pop_front();
+        } else {
+          auto it = std::find(l.waits.begin(), l.waits.end(), d.w);
+          if (it == l.waits.end()) break;  // dropped meanwhile (cancelled)
+          l.waits.erase(it);
+        }
         --count_;
         l.last_done = now;
         if (d.status == cudaSuccess) {
@@ -169,7 +243,9 @@ void poll_hub::step(bool full) {
       }
     }
     if (lanes_.size() > k_idle_lanes)
-      std::erase_if(lanes_, [](const lane& l) { return l.waits.empty(); });
+      std::erase_if(lanes_, [](const lane& l) {
+        return l.waits.empty() && l.deferred.empty() && !l.draining;
+      });
     if (count_ > 0)
       schedule_locked(spin, std::clamp<clock::duration>(pause, clock::duration::zero(),
                                                         std::chrono::seconds(1)));

@@ -43,6 +43,10 @@ public:
   virtual void polled_reject() = 0;
 };
 
+/// Enqueues a batch of deferred waits of one stream back to back, records
+/// one event after them and adds them to the hub (completion.cpp).
+void drain_deferred(std::vector<std::shared_ptr<polled_wait>>& batch);
+
 class poll_hub : public std::enable_shared_from_this<poll_hub> {
 public:
   using clock = polled_wait::clock;
@@ -52,6 +56,16 @@ public:
 
   /// Adds a wait whose event is recorded; the poller starts if idle.
   void add(std::shared_ptr<polled_wait> w);
+  /// The same for several waits on one stream, under one lock.
+  void add_all(std::vector<std::shared_ptr<polled_wait>>& ws);
+
+  /// True while `s` has waits pending here or deferred enqueues: work given
+  /// to defer() then joins a batch instead of launching at once.
+  bool busy(cudaStream_t s) const;
+  /// Queues a wait whose work is not enqueued yet (its polled_stream() is
+  /// the stream). A drain posted to the executor hands every queued wait of
+  /// the stream, in order, to `drain` (one at a time per stream).
+  void defer(std::shared_ptr<polled_wait> w);
   /// Drops every wait without completing it (context shutdown).
   void clear();
 
@@ -63,8 +77,14 @@ private:
     /// past the spin budget the poller sleeps until just before that and
     /// spins across it, instead of waking on its backoff timer.
     clock::duration typical{};
-    clock::time_point last_done{};  // when a wait of this lane last finished
+    clock::time_point last_done{};                       // when a wait of this lane last finished
+    std::vector<std::shared_ptr<polled_wait>> deferred;  // not enqueued yet, in order
+    bool draining = false;  // a drain of this lane is posted or running
   };
+  lane& lane_locked(cudaStream_t s);
+  void add_locked(std::shared_ptr<polled_wait> w);
+  void post_drain_locked(lane& l);
+  void run_drain(cudaStream_t s);
   /// `full` (timer steps): query up to 64 waits of each lane even past one
   /// that is not done (a safety net for waits registered in a different
   /// order than their events were recorded).

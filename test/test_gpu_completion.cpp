@@ -206,3 +206,99 @@ TEST_CASE_FIXTURE(long_gemm, "waiting never blocks the io_context thread") {
     CHECK(ticks[4] < gemm_done);  // the ticker ran while the gemm was being awaited
   }
 }
+
+namespace {
+/// Awaits `op` into `out`; stops the io_context when the last one is done.
+template <class T>
+asio::awaitable<void> await_into(asio::awaitable<T> op, std::optional<T>& out, int& pending,
+                                 asio::io_context& ioc) {
+  out.emplace(co_await std::move(op));
+  if (--pending == 0) ioc.stop();
+}
+}  // namespace
+
+TEST_CASE_FIXTURE(long_gemm,
+                  "work queued behind a busy stream is batched, right, failed alone, or cancelled "
+                  "before it launches") {
+  constexpr int n = 64;
+  constexpr int k = 32;
+  const auto nn = std::size_t{n} * n;
+  std::vector<std::vector<float>> sav, sbv;
+  std::vector<gpu_ref<float>> sa, sb, sc;
+  for (int i = 0; i < k; ++i) {
+    sav.push_back(random_floats(nn, 100 + 2 * static_cast<std::uint64_t>(i)));
+    sbv.push_back(random_floats(nn, 101 + 2 * static_cast<std::uint64_t>(i)));
+    sa.push_back(upload_floats(sav.back(), s));
+    sb.push_back(upload_floats(sbv.back(), s));
+    sc.push_back(alloc<float>(nn));
+    REQUIRE(run(fill_bytes(sc.back(), 0xFF, {.on = s})));  // NaN: only the gemm can fix it
+  }
+  auto c_cancel = alloc<float>(nn);
+  REQUIRE(run(fill_bytes(c_cancel, 0xFF, {.on = s})));
+  REQUIRE(run(fill_bytes(c, 0xFF, {.on = s})));
+  auto a = upload_floats(av, s);
+  auto b = upload_floats(bv, s);
+  const auto before = dev.statistics();
+
+  // One long gemm makes the stream busy; everything after it on the same
+  // stream joins a batch (single-threaded io_context: start order is spawn order).
+  using gemm_result = result<gpu_ref<float>>;
+  std::optional<gemm_result> long_r, cancelled_r;
+  std::vector<std::optional<gemm_result>> small(k);
+  std::optional<result<int>> refused;
+  int pending = k + 3;
+  asio::co_spawn(
+      ioc,
+      await_into(sgemm(blas, s, event_poll{}, a, b, c, long_n, long_repeat), long_r, pending, ioc),
+      asio::detached);
+  for (int i = 0; i < k; ++i)
+    asio::co_spawn(
+        ioc,
+        await_into(sgemm(blas, s, event_poll{}, sa[i], sb[i], sc[i], n), small[i], pending, ioc),
+        asio::detached);
+  asio::co_spawn(ioc,
+                 await_into(run_kernel("test", s, event_poll{}, 7,
+                                       [](launch&) -> result<int> {
+                                         return make_error(errc::invalid_argument,
+                                                           "refused by the test");
+                                       }),
+                            refused, pending, ioc),
+                 asio::detached);
+  asio::cancellation_signal sig;
+  asio::co_spawn(ioc,
+                 await_into(sgemm(blas, s, event_poll{}, sa[0], sb[0], c_cancel, n), cancelled_r,
+                            pending, ioc),
+                 asio::bind_cancellation_slot(sig.slot(), asio::detached));
+  // Runs after every coroutine above has queued its work, before the drain.
+  asio::post(ioc, [&] { sig.emit(asio::cancellation_type::terminal); });
+  ioc.restart();
+  ioc.run_for(limit);
+  REQUIRE(pending == 0);
+
+  REQUIRE(long_r);
+  REQUIRE(*long_r);
+  for (int i = 0; i < k; ++i) {
+    CAPTURE(i);
+    REQUIRE(small[i]);
+    REQUIRE(*small[i]);
+    CHECK(gemm_rel_error(sav[i], sbv[i], download_floats(sc[i]), n) < 1e-5);
+  }
+  CHECK(gemm_rel_error(av, bv, download_floats(c), long_n, 256) < 1e-5);
+  REQUIRE(refused);
+  REQUIRE_FALSE(*refused);
+  CHECK(refused->error().code() == errc::invalid_argument);
+  CHECK(refused->error().message().find("refused by the test") != std::string::npos);
+  REQUIRE(cancelled_r);
+  REQUIRE_FALSE(*cancelled_r);
+  CHECK(cancelled_r->error().code() == errc::cancelled);
+  // Cancelled while queued: never launched, so its output is still all NaN.
+  REQUIRE(cudaStreamSynchronize(s.native_handle()) == cudaSuccess);
+  for (float v : download_floats(c_cancel)) REQUIRE(std::isnan(v));
+
+  const auto after = dev.statistics();
+  CHECK(after.ops_batched - before.ops_batched == static_cast<std::uint64_t>(k));
+  CHECK(after.batches - before.batches >= 1);
+  CHECK(after.batches - before.batches <= static_cast<std::uint64_t>(k));
+  CHECK(after.parked == 0);
+  CHECK(after.ops_in_flight == 0);
+}

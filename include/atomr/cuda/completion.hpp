@@ -71,8 +71,46 @@ struct blocking_sync : completion {
       : completion{strategy::blocking_sync, t} {}
 };
 
+class launch;
+
 namespace detail {
 using wait_handler = asio::any_completion_handler<void(result<void>)>;
+
+/// A type-erased enqueue, run later by the stream's batch drain.
+struct deferred_enqueue {
+  void* ctx;
+  result<void> (*fn)(void* ctx, launch& l);
+};
+
+/// Where a deferred enqueue reports back (fields live in the awaiting
+/// coroutine's frame; written before its handler runs).
+struct deferred_status {
+  bool enqueued = false;             ///< the enqueue ran and succeeded
+  std::shared_ptr<pooled_event> ev;  ///< the batch's event once recorded
+};
+
+/// True while `s` has event_poll work in flight or queued: run_kernel then
+/// joins the stream's batch (start_deferred) instead of launching at once.
+bool stream_busy(const stream& s) noexcept;
+
+/// Queues `what` on the stream of `l`; a drain posted to the device's
+/// executor runs the queued enqueues of the stream back to back, records one
+/// event after them, stamps each launch with it and waits on it (event_poll,
+/// `how`'s spin settings; no deadline). The handler gets the enqueue's error
+/// (status->enqueued false) or the wait's result.
+void start_deferred(launch& l, deferred_enqueue what, deferred_status* status,
+                    const completion& how, std::string_view library, wait_handler handler);
+
+template <class Token>
+auto async_deferred(launch& l, deferred_enqueue what, deferred_status* status,
+                    const completion& how, std::string_view library, Token&& token) {
+  return asio::async_initiate<Token, void(result<void>)>(
+      [](auto handler, launch* l, deferred_enqueue what, deferred_status* status, completion how,
+         std::string_view library) {
+        start_deferred(*l, what, status, how, library, wait_handler(std::move(handler)));
+      },
+      token, &l, what, status, how, library);
+}
 
 /// Starts a wait for `ev` (recorded on `s` already) or, if `ev` is null, for
 /// everything enqueued on `s` so far. Errors are tagged with `library`.

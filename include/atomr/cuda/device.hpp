@@ -68,6 +68,10 @@ struct device_statistics {
   std::uint64_t live_buffers = 0;   ///< gpu_ref allocations not yet released
   std::uint64_t parked = 0;         ///< keep-alives waiting for abandoned GPU work
   std::uint64_t events_created = 0;
+  /// Operations that joined a busy stream's batch instead of launching at
+  /// once, and the batches (drains) that launched them: one event each.
+  std::uint64_t ops_batched = 0;
+  std::uint64_t batches = 0;
   std::size_t pinned_cached_bytes = 0;
   std::uint64_t generation = 0;
   health_state health = health_state::unavailable;

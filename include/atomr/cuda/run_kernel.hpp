@@ -11,6 +11,7 @@
 #include <boost/asio/use_awaitable.hpp>
 
 #include <memory>
+#include <optional>
 #include <string_view>
 #include <tuple>
 #include <type_traits>
@@ -56,6 +57,8 @@ public:
   result<void> make_current();
   /// Records the completion event and stamps every accessed buffer with it.
   result<std::shared_ptr<detail::pooled_event>> commit();
+  /// Stamps every accessed buffer with `ev`, recorded on this stream after the enqueue.
+  void stamp(const std::shared_ptr<detail::pooled_event>& ev);
   /// Finishes the accounting with `r`; tags an error with the library, counts
   /// it, probes the context after driver/library failures, poisons on sticky faults.
   gpu_error fail(gpu_error e);
@@ -97,6 +100,22 @@ inline bool already_done(const pooled_event& ev) noexcept {
   return cudaEventQuery(ev.native_handle()) == cudaSuccess;
 }
 
+/// The keep-alive type an enqueue function returns (unwrapped from result<>).
+template <class F>
+struct enqueue_keep {
+  using raw = std::invoke_result_t<F&, launch&>;
+  template <class R>
+  struct unwrap {
+    using type = R;
+  };
+  template <class R>
+  requires outcome::is_basic_result_v<R>
+  struct unwrap<R> {
+    using type = typename R::value_type;
+  };
+  using type = typename unwrap<raw>::type;
+};
+
 template <class F>
 auto call_enqueue(F& f, launch& l) {
   using R = std::invoke_result_t<F&, launch&>;
@@ -124,6 +143,41 @@ asio::awaitable<result<O>> run_kernel(std::string_view library, stream s, comple
   launch l(std::move(s), library);
   if (auto ok = l.begin(); !ok) co_return l.fail(ok.error());
   if (auto ok = detail::declare_output(l, output); !ok) co_return l.fail(ok.error());
+  // A stream with event_poll work in flight: join its batch (one drain runs
+  // the queued enqueues back to back and one event covers them all; see
+  // docs/performance.md). An idle stream launches at once (latency).
+  if (how.kind == strategy::event_poll && how.timeout == no_timeout &&
+      detail::stream_busy(l.get_stream())) {
+    using keep_t = typename detail::enqueue_keep<Enqueue>::type;
+    std::optional<keep_t> kept;
+    auto body = [&](launch& ln) -> result<void> {
+      auto k = detail::call_enqueue(enqueue, ln);
+      if (!k) return k.error();
+      kept.emplace(std::move(k).value());
+      return outcome::success();
+    };
+    using body_t = decltype(body);
+    const detail::deferred_enqueue what{
+        &body, [](void* ctx, launch& ln) { return (*static_cast<body_t*>(ctx))(ln); }};
+    detail::deferred_status status;
+    result<void> waited = outcome::success();
+    try {
+      waited = co_await detail::async_deferred(l, what, &status, how, library, asio::use_awaitable);
+    } catch (...) {
+      if (status.enqueued && status.ev && kept)
+        l.park(status.ev, std::make_shared<keep_t>(std::move(*kept)));
+      l.fail(make_error(errc::cancelled, "run_kernel: wait abandoned by an exception"));
+      throw;
+    }
+    if (!waited) {
+      if (status.enqueued && status.ev && kept &&
+          (waited.error() == errc::timeout || waited.error() == errc::cancelled))
+        l.park(status.ev, std::make_shared<keep_t>(std::move(*kept)));
+      co_return l.fail(waited.error());
+    }
+    l.succeed();
+    co_return std::move(output);
+  }
   if (auto ok = l.make_current(); !ok) co_return l.fail(ok.error());
   auto keep = detail::call_enqueue(enqueue, l);
   if (!keep) co_return l.fail(keep.error());

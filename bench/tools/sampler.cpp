@@ -1,0 +1,106 @@
+// A diagnostic LD_PRELOAD sampling profiler (the GPU machine has no perf):
+// every 50 us of process CPU time (ITIMER_PROF) the interrupted thread's
+// stack is captured with backtrace(); at exit every frame is written as
+// "module+offset" lines, one stack per line, to $SAMPLER_OUT (default
+// sampler.txt). scripts/sampler-report.py symbolises them here with
+// addr2line against copies of the same binaries and prints flat and
+// inclusive profiles. Build and use:
+//   g++ -O2 -shared -fPIC -o /tmp/sampler.so bench/tools/sampler.cpp -ldl
+//   SAMPLER_OUT=$OUT/s.txt LD_PRELOAD=/tmp/sampler.so build-gpu/bench/atomr-bench-throughput ...
+// Diagnostic only: backtrace() is not formally async-signal-safe (it is
+// primed once at start so that it does not load libgcc in the handler).
+#include <dlfcn.h>
+#include <execinfo.h>
+#include <signal.h>
+#include <sys/time.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <string>
+
+namespace {
+
+constexpr int k_depth = 32;
+constexpr std::size_t k_max_samples = 400000;
+
+struct sample {
+  int depth;
+  void* pc[k_depth];
+};
+
+sample* g_samples = nullptr;
+std::atomic<std::size_t> g_next{0};
+std::atomic<bool> g_on{false};
+
+void on_prof(int, siginfo_t*, void*) {
+  if (!g_on.load(std::memory_order_relaxed)) return;
+  const int saved = errno;
+  const auto i = g_next.fetch_add(1, std::memory_order_relaxed);
+  if (i < k_max_samples) g_samples[i].depth = backtrace(g_samples[i].pc, k_depth);
+  errno = saved;
+}
+
+void dump() {
+  g_on.store(false);
+  itimerval off{};
+  setitimer(ITIMER_PROF, &off, nullptr);
+  const char* path = std::getenv("SAMPLER_OUT");
+  FILE* f = std::fopen(path ? path : "sampler.txt", "w");
+  if (!f) return;
+  const auto n = std::min(g_next.load(), k_max_samples);
+  std::map<void*, std::string> names;  // pc -> "module+0xoff symbol"
+  for (std::size_t i = 0; i < n; ++i) {
+    const auto& s = g_samples[i];
+    // Frame 0 and 1 are this handler and the signal trampoline.
+    for (int d = 2; d < s.depth; ++d) {
+      void* pc = s.pc[d];
+      auto it = names.find(pc);
+      if (it == names.end()) {
+        Dl_info info{};
+        std::string text = "?";
+        if (dladdr(pc, &info) && info.dli_fname) {
+          char buf[64];
+          // Return addresses point past the call: -1 lands inside it.
+          std::snprintf(buf, sizeof buf, "+0x%lx",
+                        static_cast<unsigned long>(static_cast<char*>(pc) - 1 -
+                                                   static_cast<char*>(info.dli_fbase)));
+          text = std::string(info.dli_fname) + buf + " " + (info.dli_sname ? info.dli_sname : "-");
+        }
+        it = names.emplace(pc, std::move(text)).first;
+      }
+      std::fprintf(f, "%s%s", d == 2 ? "" : "\t", it->second.c_str());
+    }
+    std::fputc('\n', f);
+  }
+  std::fclose(f);
+  std::fprintf(stderr, "sampler: %zu samples written\n", n);
+}
+
+struct init {
+  init() {
+    g_samples = static_cast<sample*>(std::calloc(k_max_samples, sizeof(sample)));
+    if (!g_samples) return;
+    void* prime[4];
+    backtrace(prime, 4);  // loads the unwinder outside the handler
+    struct sigaction sa {};
+    sa.sa_sigaction = on_prof;
+    sa.sa_flags = SA_SIGINFO | SA_RESTART;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGPROF, &sa, nullptr);
+    std::atexit(dump);
+    const long us = std::getenv("SAMPLER_US") ? std::atol(std::getenv("SAMPLER_US")) : 50;
+    itimerval t{};
+    t.it_interval.tv_usec = us;
+    t.it_value.tv_usec = us;
+    g_on.store(true);
+    setitimer(ITIMER_PROF, &t, nullptr);
+  }
+} g_init;
+
+}  // namespace
