@@ -14,7 +14,9 @@ poll_hub::lane& poll_hub::lane_locked(cudaStream_t s) {
   auto it =
       std::find_if(lanes_.begin(), lanes_.end(), [&](const lane& l) { return l.stream == s; });
   if (it != lanes_.end()) return *it;
-  lanes_.push_back(lane{.stream = s});
+  lane fresh;
+  fresh.stream = s;
+  lanes_.push_back(std::move(fresh));
   return lanes_.back();
 }
 

@@ -71,7 +71,7 @@ public:
 
 private:
   struct lane {
-    cudaStream_t stream;
+    cudaStream_t stream = nullptr;
     std::deque<std::shared_ptr<polled_wait>> waits;  // in the order their events were recorded
     /// How long recent waits on this stream took (moving average), or zero:
     /// past the spin budget the poller sleeps until just before that and
