@@ -418,7 +418,8 @@ buffer_state::~buffer_state() {
   // Stream-ordered free: the release stream waits (on the GPU) for every
   // tracked access, so the memory is reused only after they finished.
   if (last_write.done) cudaStreamWaitEvent(rs, last_write.done->native_handle(), 0);
-  for (auto& r : reads) cudaStreamWaitEvent(rs, r.done->native_handle(), 0);
+  for (auto& r : reads)
+    if (r.done) cudaStreamWaitEvent(rs, r.done->native_handle(), 0);
   cudaFreeAsync(ptr, rs);  // teardown: errors deliberately ignored
 }
 

@@ -39,8 +39,15 @@ result<void*> launch::access(const std::shared_ptr<detail::buffer_state>& st, bo
       std::find_if(touched_.begin(), touched_.end(), [&](const auto& t) { return t.first == st; });
   if (seen != touched_.end() && (seen->second || !write)) return st->ptr;
   std::lock_guard lk(st->mu);
-  auto wait_for = [&](const detail::access_stamp& a) -> result<void> {
+  auto wait_for = [&](detail::access_stamp& a) -> result<void> {
     if (!a.done || a.stream_id == stream_.id()) return outcome::success();  // stream order suffices
+    // Work that has finished needs no GPU-side wait, now or ever again: the
+    // stamp is dropped (inputs uploaded once on another stream and read many
+    // times would otherwise cost a stream wait on every use).
+    if (cudaEventQuery(a.done->native_handle()) == cudaSuccess) {
+      a.done.reset();
+      return outcome::success();
+    }
     if (auto e = cudaStreamWaitEvent(native_stream(), a.done->native_handle(), 0); e != cudaSuccess)
       return classify(e, "cudaStreamWaitEvent");
     return outcome::success();
