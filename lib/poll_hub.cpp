@@ -132,8 +132,13 @@ constexpr std::size_t k_chunk = 16;       // completions run by one handler
 void poll_hub::step(bool full) {
   // One step at a time; a step that finds another running leaves the next
   // look to it (it schedules one whenever waits remain).
+  // The flag is raised before trying: a step that loses the race is never
+  // lost (the running one may already have decided not to look again: it
+  // re-checks the flag after releasing step_mu_).
+  again_.store(true);
   std::unique_lock step_lock(step_mu_, std::try_to_lock);
   if (!step_lock.owns_lock()) return;
+  again_.store(false);
 
   // 1. Under the lock: which events to query: each lane's oldest pending
   //    waits (a few more on a timer step). Waits that finished otherwise
@@ -254,6 +259,10 @@ void poll_hub::step(bool full) {
                                                         std::chrono::seconds(1)));
   }
   step_lock.unlock();
+  if (again_.exchange(false)) {
+    std::lock_guard lk(mu_);
+    if (count_ > 0) schedule_locked(true, clock::duration::zero());
+  }
 
   // 4. The handlers, outside both locks (they may add waits), in chunks of
   //    k_chunk: the first chunk on this thread, the others posted so that

@@ -11,6 +11,7 @@
 #include <boost/asio/any_io_executor.hpp>
 #include <cuda_runtime_api.h>
 
+#include <atomic>
 #include <chrono>
 #include <deque>
 #include <functional>
@@ -93,8 +94,9 @@ private:
 
   asio::any_io_executor ex_;
   std::function<bool()> accepting_;
-  mutable std::mutex mu_;  // lanes_, count_, step_queued_, timer_due_
-  std::mutex step_mu_;     // one step at a time
+  mutable std::mutex mu_;           // lanes_, count_, step_queued_, timer_due_
+  std::mutex step_mu_;              // one step at a time
+  std::atomic<bool> again_{false};  // a step found step_mu_ taken: look once more
   std::vector<lane> lanes_;
   std::size_t count_ = 0;
   bool step_queued_ = false;                                // a step is posted (runs soon)
