@@ -7,6 +7,10 @@
 
 namespace atomr::cuda::detail {
 
+namespace {
+constexpr std::size_t k_drain = 32;  // deferred enqueues per drain run (one event each)
+}  // namespace
+
 poll_hub::poll_hub(asio::any_io_executor ex, std::function<bool()> accepting)
     : ex_(std::move(ex)), accepting_(std::move(accepting)) {}
 
@@ -67,7 +71,16 @@ void poll_hub::run_drain(cudaStream_t s) {
   {
     std::lock_guard lk(mu_);
     auto& l = lane_locked(s);
-    batch.swap(l.deferred);
+    // At most k_drain ops per run, then the drain is posted again: one event
+    // per k_drain ops lets the hub find the first ones done (and their
+    // coroutines submit more) while the GPU still runs the later ones. With
+    // one event per whole queue, nothing could resume before the queue's
+    // last op finished, and the GPU had nothing to run while they did (the
+    // profile showed the launch path on the floor, yet 78% of raw).
+    const auto n = std::min(l.deferred.size(), k_drain);
+    batch.assign(std::make_move_iterator(l.deferred.begin()),
+                 std::make_move_iterator(l.deferred.begin() + static_cast<std::ptrdiff_t>(n)));
+    l.deferred.erase(l.deferred.begin(), l.deferred.begin() + static_cast<std::ptrdiff_t>(n));
   }
   // `draining` stays set while the batch is enqueued, so work submitted
   // meanwhile (other io threads) queues behind it instead of racing it.

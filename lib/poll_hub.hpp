@@ -78,9 +78,9 @@ private:
     /// past the spin budget the poller sleeps until just before that and
     /// spins across it, instead of waking on its backoff timer.
     clock::duration typical{};
-    clock::time_point last_done{};                       // when a wait of this lane last finished
-    std::vector<std::shared_ptr<polled_wait>> deferred;  // not enqueued yet, in order
-    bool draining = false;  // a drain of this lane is posted or running
+    clock::time_point last_done{};                      // when a wait of this lane last finished
+    std::deque<std::shared_ptr<polled_wait>> deferred;  // not enqueued yet, in order
+    bool draining = false;                              // a drain of this lane is posted or running
   };
   lane& lane_locked(cudaStream_t s);
   void add_locked(std::shared_ptr<polled_wait> w);
