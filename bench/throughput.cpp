@@ -114,6 +114,7 @@ struct options {
   double seconds = 1.0;
   std::uint64_t min_ops = 20000;
   unsigned warmup = 2;
+  long long max_batch = -1;  // -1: the device's default
   int device = 0;
   std::string json;
 };
@@ -144,6 +145,8 @@ void print_usage(std::FILE* to) {
                "                     (default 0)\n"
                "  --pin              run the coroutines of actor k on strand k (default: on the\n"
                "                     io_context itself, any thread)\n"
+               "  --max-batch N      device_options::max_batch, 1..1048576 (default: the\n"
+               "                     library's default)\n"
                "  --seconds S        timed seconds per measurement, > 0 and <= %.0f (default 1)\n"
                "  --min-ops N        at least N operations per measurement, 1..%lld\n"
                "                     (default 20000)\n"
@@ -204,8 +207,9 @@ std::optional<int> parse_args(int argc, char** argv, options& o) {
     if (u.rfind("--", 0) == 0) return usage_error("option '" + u + "' needs a value");
     return usage_error("unexpected argument '" + u + "'");
   }
-  static const char* const known[] = {"threads", "coroutines", "work",   "actors", "pin", "seconds",
-                                      "min-ops", "warmup",     "device", "json",   "help"};
+  static const char* const known[] = {"threads", "coroutines", "work",    "actors",
+                                      "pin",     "seconds",    "min-ops", "warmup",
+                                      "device",  "json",       "help",    "max-batch"};
   for (const auto& [k, v] : a.kv) {
     bool ok = false;
     for (const char* name : known) ok = ok || k == name;
@@ -250,6 +254,7 @@ std::optional<int> parse_args(int argc, char** argv, options& o) {
   if (auto r = integer("min-ops", 1, max_min_ops, o.min_ops)) return r;
   if (auto r = integer("warmup", 0, max_warmup, o.warmup)) return r;
   if (auto r = integer("device", 0, 1 << 20, o.device)) return r;
+  if (auto r = integer("max-batch", 1, 1 << 20, o.max_batch)) return r;
   if (a.has("work")) {
     for (const auto& name : split(a.get("work"))) {
       bool found = false;
@@ -689,7 +694,9 @@ std::optional<measured> measure_ours(const options& o, const workload& w, unsign
   std::vector<c32> got_c;
   asio::io_context ioc(static_cast<int>(threads));
   {
-    auto opened = cuda::device::open(ioc.get_executor(), o.device);
+    cuda::device_options dopts;
+    if (o.max_batch > 0) dopts.max_batch = static_cast<std::size_t>(o.max_batch);
+    auto opened = cuda::device::open(ioc.get_executor(), o.device, dopts);
     if (!opened) {
       fail.add(ctl.where + ": device::open failed: " + describe(opened.error()));
       return std::nullopt;
@@ -1000,20 +1007,25 @@ int run(const options& o, const std::string& command) {
                     coroutines, actors, ours->ops_per_s(), raw->ops_per_s(), ratio,
                     ours->cpu_us_per_op(), raw->cpu_us_per_op());
         std::fflush(stdout);
-        rows.push_back(bench::json::object({{"work", w->name},
-                                            {"io_threads", threads},
-                                            {"coroutines", coroutines},
-                                            {"actors", actors},
-                                            {"pinned", o.pin},
-                                            {"ops_per_s", ours->ops_per_s()},
-                                            {"raw_ceiling_ops_per_s", raw->ops_per_s()},
-                                            {"ratio", ratio},
-                                            {"cpu_us_per_op", ours->cpu_us_per_op()},
-                                            {"raw_cpu_us_per_op", raw->cpu_us_per_op()},
-                                            {"ops", ours->ops},
-                                            {"seconds", ours->seconds},
-                                            {"raw_ops", raw->ops},
-                                            {"raw_seconds", raw->seconds}}));
+        rows.push_back(bench::json::object(
+            {{"work", w->name},
+             {"io_threads", threads},
+             {"coroutines", coroutines},
+             {"actors", actors},
+             {"pinned", o.pin},
+             {"max_batch",
+              static_cast<std::int64_t>(
+                  o.max_batch > 0 ? o.max_batch
+                                  : static_cast<long long>(cuda::device_options{}.max_batch))},
+             {"ops_per_s", ours->ops_per_s()},
+             {"raw_ceiling_ops_per_s", raw->ops_per_s()},
+             {"ratio", ratio},
+             {"cpu_us_per_op", ours->cpu_us_per_op()},
+             {"raw_cpu_us_per_op", raw->cpu_us_per_op()},
+             {"ops", ours->ops},
+             {"seconds", ours->seconds},
+             {"raw_ops", raw->ops},
+             {"raw_seconds", raw->seconds}}));
       }
     }
   }

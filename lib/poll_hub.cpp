@@ -7,12 +7,10 @@
 
 namespace atomr::cuda::detail {
 
-namespace {
-constexpr std::size_t k_drain = 32;  // deferred enqueues per drain run (one event each)
-}  // namespace
-
-poll_hub::poll_hub(asio::any_io_executor ex, std::function<bool()> accepting)
-    : ex_(std::move(ex)), accepting_(std::move(accepting)) {}
+poll_hub::poll_hub(asio::any_io_executor ex, std::function<bool()> accepting, std::size_t max_batch)
+    : ex_(std::move(ex)),
+      accepting_(std::move(accepting)),
+      max_batch_(std::max<std::size_t>(1, max_batch)) {}
 
 poll_hub::lane& poll_hub::lane_locked(cudaStream_t s) {
   auto it =
@@ -71,13 +69,13 @@ void poll_hub::run_drain(cudaStream_t s) {
   {
     std::lock_guard lk(mu_);
     auto& l = lane_locked(s);
-    // At most k_drain ops per run, then the drain is posted again: one event
-    // per k_drain ops lets the hub find the first ones done (and their
+    // At most max_batch_ ops per run, then the drain is posted again: one
+    // event per max_batch_ ops lets the hub find the first ones done (and their
     // coroutines submit more) while the GPU still runs the later ones. With
     // one event per whole queue, nothing could resume before the queue's
     // last op finished, and the GPU had nothing to run while they did (the
     // profile showed the launch path on the floor, yet 78% of raw).
-    const auto n = std::min(l.deferred.size(), k_drain);
+    const auto n = std::min(l.deferred.size(), max_batch_);
     batch.assign(std::make_move_iterator(l.deferred.begin()),
                  std::make_move_iterator(l.deferred.begin() + static_cast<std::ptrdiff_t>(n)));
     l.deferred.erase(l.deferred.begin(), l.deferred.begin() + static_cast<std::ptrdiff_t>(n));

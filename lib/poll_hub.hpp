@@ -53,7 +53,7 @@ public:
   using clock = polled_wait::clock;
 
   /// `accepting` reports whether the device still accepts work.
-  poll_hub(asio::any_io_executor ex, std::function<bool()> accepting);
+  poll_hub(asio::any_io_executor ex, std::function<bool()> accepting, std::size_t max_batch);
 
   /// Adds a wait whose event is recorded; the poller starts if idle.
   void add(std::shared_ptr<polled_wait> w);
@@ -99,7 +99,8 @@ private:
   std::atomic<bool> again_{false};  // a step found step_mu_ taken: look once more
   std::vector<lane> lanes_;
   std::size_t count_ = 0;
-  bool step_queued_ = false;                                // a step is posted (runs soon)
+  const std::size_t max_batch_;  // deferred enqueues per drain run (one event each)
+  bool step_queued_ = false;     // a step is posted (runs soon)
   clock::time_point timer_due_ = clock::time_point::max();  // earliest armed timer
 };
 

@@ -44,6 +44,11 @@ struct device_options {
   library_set libraries{};
   /// Pinned host memory kept cached for reuse by transfers, in bytes.
   std::size_t pinned_cache_limit = std::size_t{1} << 30;
+  /// event_poll: the most operations one batch of a busy stream launches
+  /// under one event (docs/design.md, run_kernel); 0 counts as 1. Larger
+  /// batches cost fewer events; smaller ones let completions be found while
+  /// the GPU still runs the batch's later work.
+  std::size_t max_batch = 128;
 };
 
 /// The device's health. Moves only forward: healthy -> poisoned or stopped.
