@@ -6,7 +6,12 @@
 // addr2line against copies of the same binaries and prints flat and
 // inclusive profiles. Build and use:
 //   g++ -O2 -shared -fPIC -o /tmp/sampler.so bench/tools/sampler.cpp -ldl
-//   SAMPLER_OUT=$OUT/s.txt LD_PRELOAD=/tmp/sampler.so build-gpu/bench/atomr-bench-throughput ...
+//   timeout 60 env SAMPLER_OUT=$OUT/s.txt LD_PRELOAD=/tmp/sampler.so \
+//     build-gpu/bench/atomr-bench-throughput ...
+// (the preload after `timeout`: loaded into GNU timeout too, the sampler
+// would rewrite the file empty when timeout exits; every process that loads
+// it writes $SAMPLER_OUT at exit). The kernel's profiling timer ticks are
+// coarser than 50 us on most systems: expect a few hundred samples a second.
 // Diagnostic only: backtrace() is not formally async-signal-safe (it is
 // primed once at start so that it does not load libgcc in the handler).
 #include <dlfcn.h>
