@@ -6,7 +6,7 @@
 // addr2line against copies of the same binaries and prints flat and
 // inclusive profiles. Build and use:
 //   g++ -O2 -shared -fPIC -o /tmp/sampler.so bench/tools/sampler.cpp -ldl
-//   timeout 60 env SAMPLER_OUT=$OUT/s.txt LD_PRELOAD=/tmp/sampler.so \
+//   timeout 60 env SAMPLER_OUT=$OUT/s.txt LD_PRELOAD=/tmp/sampler.so
 //     build-gpu/bench/atomr-bench-throughput ...
 // (the preload after `timeout`: loaded into GNU timeout too, the sampler
 // would rewrite the file empty when timeout exits; every process that loads
