@@ -9,7 +9,9 @@
 //
 // Library time: wall time of `co_await actor.op(...)` on a one-thread
 // io_context. Raw time: wall time of the raw call plus cudaStreamSynchronize
-// on its own stream. Library and raw runs alternate (ABBA order) after the
+// on its own stream. Then, separately, the GPU time of each side (events
+// around its enqueue, see gpu_spans), which tells a host-side gap from a
+// GPU-side one. Library and raw runs alternate (ABBA order) after the
 // warm-up runs, over the same input buffers, each side writing its own
 // output; every workload checks its results once.
 
@@ -18,6 +20,10 @@
 #include <atomr/cuda.hpp>
 
 #include <boost/asio/co_spawn.hpp>
+#include <boost/asio/detached.hpp>
+#include <boost/asio/post.hpp>
+#include <boost/asio/this_coro.hpp>
+#include <boost/asio/use_awaitable.hpp>
 #include <boost/asio/io_context.hpp>
 
 #include <cublas_v2.h>
@@ -92,7 +98,8 @@ void usage(std::FILE* to) {
                "  %-26s ResNet-50 3x3 conv, N=64 C=K=64 56x56 pad 1, f16 NHWC (cudnn_actor\n"
                "  %-26s vs cudnnConvolutionForward with the algorithm the actor's rule picks)\n"
                "Library time: co_await of the operation on an io_context; raw time: the\n"
-               "call plus cudaStreamSynchronize. Prints medians (ms) and lib/raw.\n"
+               "call plus cudaStreamSynchronize. Prints medians (ms) and lib/raw, then the\n"
+               "GPU time of each side (events recorded around its enqueue).\n"
                "\n"
                "Options:\n"
                "  --reps R            timed runs of each side per workload, 1..10000 (default 50)\n"
@@ -101,9 +108,9 @@ void usage(std::FILE* to) {
                "  --strategy S        the library's completion: event_poll (default), host_fn,\n"
                "                      blocking_sync\n"
                "  --spin-us U         event_poll: re-check every turn for U us, 0..1000000\n"
-               "                      (default: the library's, 200)\n"
+               "                      (default: the library's, 1000)\n"
                "  --max-backoff-us U  event_poll: longest pause between checks, 10..1000000\n"
-               "                      (default: the library's, 500)\n"
+               "                      (default: the library's, 200)\n"
                "  --device D          device ordinal (default 0)\n"
                "  --json FILE         also write the results as JSON to FILE\n"
                "  --help              print this help and exit\n"
@@ -299,7 +306,8 @@ struct check {
 /// One row of the results.
 struct row {
   std::string work;
-  bench::stats lib, raw;  // milliseconds
+  bench::stats lib, raw;          // milliseconds, wall time
+  bench::stats lib_gpu, raw_gpu;  // milliseconds, GPU time (gpu_spans)
   int reps = 0;
   std::string raw_call;
   check chk;
@@ -325,6 +333,8 @@ bench::json to_json(const row& r) {
       {"raw_min_ms", r.raw.min},
       {"lib_mean_ms", r.lib.mean},
       {"raw_mean_ms", r.raw.mean},
+      {"lib_gpu_ms", r.lib_gpu.median},
+      {"raw_gpu_ms", r.raw_gpu.median},
       {"raw_call", r.raw_call},
       {"check", bench::json::object({{"ok", r.chk.ok},
                                      {"what", r.chk.what},
@@ -335,24 +345,27 @@ bench::json to_json(const row& r) {
 }
 
 void print_header() {
-  std::printf("%-27s %10s %10s %8s %10s %10s  %s\n", "work", "lib ms", "raw ms", "lib/raw",
-              "lib p99", "raw p99", "check");
+  std::printf("%-27s %10s %10s %8s %10s %10s %10s %10s  %s\n", "work", "lib ms", "raw ms",
+              "lib/raw", "lib p99", "raw p99", "lib GPU", "raw GPU", "check");
 }
 
 void print_row(const row& r) {
   const double ratio = r.raw.median > 0 ? r.lib.median / r.raw.median : 0.0;
-  std::printf("%-27s %10.4f %10.4f %8.4f %10.4f %10.4f  %s (%.2g <= %.2g)\n", r.work.c_str(),
-              r.lib.median, r.raw.median, ratio, r.lib.p99, r.raw.p99, r.chk.ok ? "ok" : "FAIL",
-              r.chk.worst, r.chk.tolerance);
+  std::printf("%-27s %10.4f %10.4f %8.4f %10.4f %10.4f %10.4f %10.4f  %s (%.2g <= %.2g)\n",
+              r.work.c_str(), r.lib.median, r.raw.median, ratio, r.lib.p99, r.raw.p99,
+              r.lib_gpu.median, r.raw_gpu.median, r.chk.ok ? "ok" : "FAIL", r.chk.worst,
+              r.chk.tolerance);
   std::fflush(stdout);
 }
 
 /// Runs warm-up then timed runs of both sides, alternating which goes first
 /// (lib, raw, raw, lib, ...). `lib()` yields an awaitable of a result;
-/// `raw()` makes the call and synchronizes, yielding result<void>.
+/// `raw()` makes the call on `rs` (result<void>); the raw side's time
+/// includes cudaStreamSynchronize(rs).
 template <class Lib, class Raw>
 asio::awaitable<result<std::pair<bench::stats, bench::stats>>> interleave(const config& cfg,
-                                                                          Lib lib, Raw raw) {
+                                                                          Lib lib, Raw raw,
+                                                                          const raw_stream& rs) {
   std::vector<double> lib_ms, raw_ms;
   lib_ms.reserve(static_cast<std::size_t>(cfg.reps));
   raw_ms.reserve(static_cast<std::size_t>(cfg.reps));
@@ -369,10 +382,76 @@ asio::awaitable<result<std::pair<bench::stats, bench::stats>>> interleave(const 
       } else {
         const double t0 = bench::now_us();
         auto r = raw();
+        if (r) r = rs.sync();
         const double dt = bench::now_us() - t0;
         if (!r) co_return r.error();
         if (timed) raw_ms.push_back(dt / 1e3);
       }
+    }
+  }
+  co_return std::pair{bench::summarize(std::move(lib_ms)), bench::summarize(std::move(raw_ms))};
+}
+
+/// A CUDA event with timing, destroyed on scope exit.
+struct timing_event : scoped<cudaEvent_t, cudaEventDestroy> {
+  result<void> create() {
+    BOOST_OUTCOME_TRY(cuda_ok(cudaEventCreate(&h), "cudaEventCreate"));
+    live = true;
+    return cuda::outcome::success();
+  }
+};
+
+/// GPU time of each side, without host time: cudaEventElapsedTime between
+/// events recorded on the side's stream just before its enqueue and just
+/// after it (for the library, from a coroutine that runs once the operation
+/// has enqueued and suspended). Same warm-up, reps and ABBA order as
+/// interleave(). A gap here is the GPU's (different kernels or plans); a gap
+/// only in interleave() is host time (checks, launch path, completion).
+template <class Lib, class Raw>
+asio::awaitable<result<std::pair<bench::stats, bench::stats>>> gpu_spans(const config& cfg, Lib lib,
+                                                                         cudaStream_t lib_stream,
+                                                                         Raw raw,
+                                                                         const raw_stream& rs) {
+  timing_event e0, e1;
+  BOOST_OUTCOME_CO_TRY(e0.create());
+  BOOST_OUTCOME_CO_TRY(e1.create());
+  auto ex = co_await asio::this_coro::executor;
+  auto span_ms = [&]() -> result<double> {
+    BOOST_OUTCOME_TRY(cuda_ok(cudaEventSynchronize(e1.h), "cudaEventSynchronize"));
+    float ms = 0;
+    BOOST_OUTCOME_TRY(cuda_ok(cudaEventElapsedTime(&ms, e0.h, e1.h), "cudaEventElapsedTime"));
+    return static_cast<double>(ms);
+  };
+  std::vector<double> lib_ms, raw_ms;
+  for (int i = 0; i < cfg.warmup + cfg.reps; ++i) {
+    const bool timed = i >= cfg.warmup;
+    for (int side = 0; side < 2; ++side) {
+      const bool run_lib = (side == 0) == (i % 2 == 0);
+      if (run_lib) {
+        BOOST_OUTCOME_CO_TRY(cuda_ok(cudaEventRecord(e0.h, lib_stream), "cudaEventRecord"));
+        bool finished = false;
+        std::optional<cuda::gpu_error> failed;
+        asio::co_spawn(
+            ex,
+            [&]() -> asio::awaitable<void> {
+              auto r = co_await lib();
+              if (!r) failed = r.error();
+              finished = true;
+            },
+            asio::detached);
+        // The operation's coroutine was queued first: by now it has enqueued
+        // its work and waits, so e1 follows that work in stream order.
+        co_await asio::post(ex, asio::use_awaitable);
+        BOOST_OUTCOME_CO_TRY(cuda_ok(cudaEventRecord(e1.h, lib_stream), "cudaEventRecord"));
+        while (!finished) co_await asio::post(ex, asio::use_awaitable);
+        if (failed) co_return *failed;
+      } else {
+        BOOST_OUTCOME_CO_TRY(cuda_ok(cudaEventRecord(e0.h, rs.h), "cudaEventRecord"));
+        BOOST_OUTCOME_CO_TRY(raw());
+        BOOST_OUTCOME_CO_TRY(cuda_ok(cudaEventRecord(e1.h, rs.h), "cudaEventRecord"));
+      }
+      BOOST_OUTCOME_CO_TRY(auto ms, span_ms());
+      if (timed) (run_lib ? lib_ms : raw_ms).push_back(ms);
     }
   }
   co_return std::pair{bench::summarize(std::move(lib_ms)), bench::summarize(std::move(raw_ms))};
@@ -450,7 +529,7 @@ asio::awaitable<result<void>> run_gemm(cuda::device dev, const config& cfg,
     BOOST_OUTCOME_TRY(cublas_ok(
         cublasSgemm(h.h, CUBLAS_OP_N, CUBLAS_OP_N, ni, ni, ni, &one, pa, ni, pb, ni, &zero, pc, ni),
         "cublasSgemm"));
-    return rs.sync();
+    return cuda::outcome::success();
   };
 
   std::vector<float> c_lib(elems), c_raw(elems);
@@ -465,7 +544,9 @@ asio::awaitable<result<void>> run_gemm(cuda::device dev, const config& cfg,
     BOOST_OUTCOME_CO_TRY(co_await cuda::fill_bytes(dc_lib, 0xFF));
     BOOST_OUTCOME_CO_TRY(co_await cuda::fill_bytes(dc_raw, 0xFF));
 
-    BOOST_OUTCOME_CO_TRY(auto t, co_await interleave(cfg, lib, raw));
+    BOOST_OUTCOME_CO_TRY(auto t, co_await interleave(cfg, lib, raw, rs));
+    BOOST_OUTCOME_CO_TRY(auto g,
+                         co_await gpu_spans(cfg, lib, blas.get_stream().native_handle(), raw, rs));
 
     BOOST_OUTCOME_CO_TRY(co_await cuda::download(dc_lib, std::span<float>(c_lib)));
     BOOST_OUTCOME_CO_TRY(co_await cuda::download(dc_raw, std::span<float>(c_raw)));
@@ -473,6 +554,8 @@ asio::awaitable<result<void>> run_gemm(cuda::device dev, const config& cfg,
     r.work = std::string(work);
     r.lib = t.first;
     r.raw = t.second;
+    r.lib_gpu = g.first;
+    r.raw_gpu = g.second;
     r.reps = cfg.reps;
     r.raw_call =
         tf32 ? "cublasSgemm, CUBLAS_TF32_TENSOR_OP_MATH" : "cublasSgemm, CUBLAS_PEDANTIC_MATH";
@@ -577,9 +660,11 @@ asio::awaitable<result<void>> run_fft(cuda::device dev, const config& cfg, std::
     BOOST_OUTCOME_TRY(
         cufft_ok(cufftExecC2C(plan.h, in, reinterpret_cast<cufftComplex*>(pout), CUFFT_FORWARD),
                  "cufftExecC2C"));
-    return rs.sync();
+    return cuda::outcome::success();
   };
-  BOOST_OUTCOME_CO_TRY(auto t, co_await interleave(cfg, lib, raw));
+  BOOST_OUTCOME_CO_TRY(auto t, co_await interleave(cfg, lib, raw, rs));
+  BOOST_OUTCOME_CO_TRY(auto g,
+                       co_await gpu_spans(cfg, lib, fft.get_stream().native_handle(), raw, rs));
 
   std::vector<c32> y_lib(n), y_raw(n);
   BOOST_OUTCOME_CO_TRY(co_await cuda::download(dout_lib, std::span<c32>(y_lib)));
@@ -589,6 +674,8 @@ asio::awaitable<result<void>> run_fft(cuda::device dev, const config& cfg, std::
   r.work = std::string(w_fft);
   r.lib = t.first;
   r.raw = t.second;
+  r.lib_gpu = g.first;
+  r.raw_gpu = g.second;
   r.reps = cfg.reps;
   r.raw_call = "cufftExecC2C on a cufftPlan1d plan made once";
   // (1) library and raw outputs equal: max |lib - raw| / max |raw|.
@@ -874,9 +961,11 @@ asio::awaitable<result<void>> run_conv(cuda::device dev, const config& cfg,
         cudnn_ok(cudnnConvolutionForward(rc.handle.h, &one, rc.x.h, px, rc.w.h, pw, rc.conv.h,
                                          rc.algo, pws, rc.workspace, &zero, rc.y.h, py),
                  "cudnnConvolutionForward"));
-    return rs.sync();
+    return cuda::outcome::success();
   };
-  BOOST_OUTCOME_CO_TRY(auto t, co_await interleave(cfg, lib, raw));
+  BOOST_OUTCOME_CO_TRY(auto t, co_await interleave(cfg, lib, raw, rs));
+  BOOST_OUTCOME_CO_TRY(auto g,
+                       co_await gpu_spans(cfg, lib, dnn.get_stream().native_handle(), raw, rs));
 
   std::vector<half> y_lib(y_elems), y_raw(y_elems);
   BOOST_OUTCOME_CO_TRY(co_await cuda::download(dy_lib, std::span<half>(y_lib)));
@@ -887,6 +976,8 @@ asio::awaitable<result<void>> run_conv(cuda::device dev, const config& cfg,
   r.work = std::string(w_conv);
   r.lib = t.first;
   r.raw = t.second;
+  r.lib_gpu = g.first;
+  r.raw_gpu = g.second;
   r.reps = cfg.reps;
   r.raw_call =
       std::string("cudnnConvolutionForward, ") + algo_name(rc.algo) + ", " + math_name(rc.math);
