@@ -131,7 +131,7 @@ namespace {
 // Predicted completion: start spinning this long before it, and keep
 // spinning until this far past it (a sleeping thread takes tens of
 // microseconds to wake up on a busy server, so the spin must start early).
-constexpr auto k_lead = std::chrono::microseconds(60);
+constexpr auto k_lead = std::chrono::microseconds(100);
 constexpr auto k_window = std::chrono::microseconds(120);
 constexpr std::size_t k_idle_lanes = 64;  // lanes kept for their history
 constexpr std::size_t k_batch = 16;       // events of a lane looked at per step
@@ -233,7 +233,13 @@ void poll_hub::step(bool full) {
         l.last_done = now;
         if (d.status == cudaSuccess) {
           const auto took = now - d.w->polled_start();
-          l.typical = l.typical == clock::duration::zero() ? took : (3 * l.typical + took) / 4;
+          // Down at once, up slowly: a completion found late (the thread
+          // woke after the kernel ended) overstates `took`, and an average
+          // would carry that lateness into the next prediction, and so on.
+          if (l.typical == clock::duration::zero() || took < l.typical)
+            l.typical = took;
+          else
+            l.typical += (took - l.typical) / 8;
         }
         break;
       }
