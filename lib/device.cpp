@@ -89,11 +89,13 @@ device_impl::device_impl(const asio::any_io_executor& ex, int ord, const device_
 
 device_impl::~device_impl() {
   {
-    std::lock_guard lk(bmu_);
-    bstop_ = true;
+    std::lock_guard lk(bq_->mu);
+    bq_->stop = true;
   }
-  bcv_.notify_all();
+  bq_->cv.notify_all();
   if (bthread_.joinable()) {
+    // On the worker itself (its item held the last reference) the thread
+    // finishes on its own: it keeps the queue alive and sees `stop`.
     if (bthread_.get_id() == std::this_thread::get_id())
       bthread_.detach();
     else
@@ -239,6 +241,19 @@ void device_impl::on_context_shutdown() {
   parked_.clear();
   watched_.clear();
   polls->clear();
+  // The blocking_sync thread finishes its current wait and stops; the items
+  // left are dropped here, while the context's services still exist: an
+  // item may hold this device's last reference, and destroying the device
+  // after its context (its strand and timer) would touch freed services.
+  std::deque<blocking_item> dropped;
+  {
+    std::lock_guard lk(bq_->mu);
+    bq_->stop = true;
+    dropped.swap(bq_->items);
+  }
+  bq_->cv.notify_all();
+  if (bthread_.joinable() && bthread_.get_id() != std::this_thread::get_id()) bthread_.join();
+  dropped.clear();
   std::lock_guard lk(mu_);
   observers_.clear();
 }
@@ -369,26 +384,31 @@ void device_impl::on_monitor_tick() {
 
 void device_impl::submit_blocking(blocking_item item) {
   {
-    std::lock_guard lk(bmu_);
-    bqueue_.push_back(std::move(item));
-    if (!bthread_.joinable()) bthread_ = std::thread([this] { blocking_loop(); });
+    std::lock_guard lk(bq_->mu);
+    bq_->items.push_back(std::move(item));
+    if (!bthread_.joinable())
+      bthread_ = std::thread([q = bq_, ord = ordinal] { blocking_loop(q, ord); });
   }
-  bcv_.notify_one();
+  bq_->cv.notify_one();
 }
 
-void device_impl::blocking_loop() {
+// Touches nothing of the device: finishing an item can drop the device's
+// last reference and destroy it on this thread (found by a fault test that
+// crashed at exit when this loop still used the device's own mutex).
+void device_impl::blocking_loop(const std::shared_ptr<blocking_queue>& q, int ordinal) {
   cudaSetDevice(ordinal);
   for (;;) {
     blocking_item item;
     {
-      std::unique_lock lk(bmu_);
-      bcv_.wait(lk, [&] { return bstop_ || !bqueue_.empty(); });
-      if (bqueue_.empty()) return;
-      item = std::move(bqueue_.front());
-      bqueue_.pop_front();
+      std::unique_lock lk(q->mu);
+      q->cv.wait(lk, [&] { return q->stop || !q->items.empty(); });
+      if (q->items.empty()) return;
+      item = std::move(q->items.front());
+      q->items.pop_front();
     }
     auto st = cudaEventSynchronize(item.ev->native_handle());
     item.on_done(st);
+    item = {};  // may destroy the device; `q` stays valid
   }
 }
 

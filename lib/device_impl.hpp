@@ -61,6 +61,16 @@ struct blocking_item {
   std::function<void(cudaError_t)> on_done;  // runs on the worker thread
 };
 
+/// The blocking_sync thread's queue. Shared by the device and the thread:
+/// an item may hold the device's last reference, so the device can be
+/// destroyed on the worker thread itself, which then still needs its queue.
+struct blocking_queue {
+  std::mutex mu;
+  std::condition_variable cv;
+  std::deque<blocking_item> items;
+  bool stop = false;
+};
+
 class pinned_pool;
 class poll_hub;
 
@@ -136,7 +146,7 @@ private:
   void set_health(health_state from, health_state to);
   void arm_monitor();  // on strand
   void on_monitor_tick();
-  void blocking_loop();
+  static void blocking_loop(const std::shared_ptr<blocking_queue>& q, int ordinal);
 
   mutable std::mutex mu_;  // fault_, init_error_, observers_, per_owner_
   std::optional<gpu_error> fault_;
@@ -151,11 +161,8 @@ private:
   std::vector<std::weak_ptr<watched_wait>> watched_;  // on strand; ops own themselves
   std::vector<parked_work> parked_;                   // on strand
 
-  std::mutex bmu_;
-  std::condition_variable bcv_;
-  std::deque<blocking_item> bqueue_;
-  bool bstop_ = false;
-  std::thread bthread_;
+  std::shared_ptr<blocking_queue> bq_ = std::make_shared<blocking_queue>();
+  std::thread bthread_;  // started by the first submit_blocking
 };
 
 /// Records the pool's next free event on `s`.

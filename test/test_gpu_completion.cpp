@@ -2,6 +2,7 @@
 // right numbers, timeouts and cancellation that stop only the waiting, and
 // keep-alives that outlive an abandoned wait until the kernel ends.
 #include "gpu_fixture.hpp"
+#include "test_kernels.hpp"
 
 #include <boost/asio/bind_cancellation_slot.hpp>
 #include <boost/asio/cancellation_signal.hpp>
@@ -301,4 +302,72 @@ TEST_CASE_FIXTURE(long_gemm,
   CHECK(after.batches - before.batches <= static_cast<std::uint64_t>(k));
   CHECK(after.parked == 0);
   CHECK(after.ops_in_flight == 0);
+}
+
+// A blocking_sync wait that timed out is still in the device's worker thread
+// (inside cudaEventSynchronize) when the caller drops the stream, the device
+// and the io_context: the worker's item may then hold the device's last
+// reference. Regression: the device used to be destroyed on the worker
+// thread, which then locked the freed device's mutex (and the device's strand
+// and timer outlived their io_context): a fault test crashed at exit.
+// Teardown must wait for the worker, and a device opened afterwards is a
+// fresh one that works.
+TEST_CASE("dropping device and io_context while a blocking_sync wait is still pending") {
+  using clock = std::chrono::steady_clock;
+  constexpr double kernel_ms = 30;
+  for (int round = 0; round < 4; ++round) {
+    CAPTURE(round);
+    clock::time_point launched{}, torn_down{};
+    {
+      asio::io_context ioc;
+      auto dev = device::open(ioc.get_executor(), 0);
+      REQUIRE(dev);
+      test_kernels kernels;
+      auto s = dev.value().acquire_stream(stream_policy::per_actor_fresh).value();
+      completion how = blocking_sync{};
+      how.timeout = 1ms;
+      std::optional<result<int>> r;
+      asio::co_spawn(
+          ioc,
+          [&]() -> asio::awaitable<void> {
+            r.emplace(co_await run_kernel("cuda", s, how, 0, [&](launch& l) -> result<int> {
+              launched = clock::now();
+              if (auto st = kernels.spin(l.native_stream(), kernel_ms); st != cudaSuccess)
+                return classify(st, "cudaLaunchKernel(spin)");
+              return 0;
+            }));
+          },
+          [&](std::exception_ptr) { ioc.stop(); });
+      ioc.run_for(10s);
+      REQUIRE(r);
+      REQUIRE_FALSE(*r);
+      CHECK(r->error().code() == errc::timeout);
+      // The kernel is still running (the wait gave up after 1 ms).
+      CHECK(cudaStreamQuery(s.native_handle()) == cudaErrorNotReady);
+      CHECK(dev.value().statistics().parked == 1);
+      // Leaving the scope drops s, kernels, dev, then destroys ioc.
+    }
+    torn_down = clock::now();
+    // Destroying the io_context waited for the abandoned kernel (parked
+    // keep-alive, blocking worker) instead of leaving it to another thread.
+    CHECK(torn_down - launched >= std::chrono::duration<double, std::milli>(kernel_ms * 0.9));
+
+    asio::io_context ioc2;
+    auto again = device::open(ioc2.get_executor(), 0);
+    REQUIRE(again);
+    CHECK(again.value().health() == health_state::healthy);
+    CHECK(again.value().statistics().ops_failed == 0);  // a fresh device, not the old one
+    std::optional<result<int>> ok;
+    asio::co_spawn(
+        ioc2,
+        [&]() -> asio::awaitable<void> {
+          ok.emplace(co_await run_kernel("cuda", again.value().main_stream(), blocking_sync{}, 7,
+                                         [](launch&) -> result<int> { return 0; }));
+        },
+        [&](std::exception_ptr) { ioc2.stop(); });
+    ioc2.run_for(10s);
+    REQUIRE(ok);
+    REQUIRE(*ok);
+    CHECK(ok->value() == 7);
+  }
 }
