@@ -110,9 +110,14 @@ def summarise(docs, directory):
     out["date"] = dates[-1] if dates else None
     cmd_file = os.path.join(directory, "command.txt")
     if os.path.exists(cmd_file):
-        # One command a line (scripts/bench.sh appends each one it runs).
+        # One command a line (scripts/bench.sh appends each one it runs);
+        # lines starting with '#' are notes (where, which commit), kept apart.
         with open(cmd_file, encoding="utf-8") as f:
-            out["command"] = "; ".join(line.strip() for line in f if line.strip())
+            lines = [line.strip() for line in f if line.strip()]
+        out["command"] = "; ".join(x for x in lines if not x.startswith("#"))
+        notes = [x.lstrip("# ").rstrip() for x in lines if x.startswith("#")]
+        if notes:
+            out["command_notes"] = " ".join(notes)
     else:
         cmds = [docs[k]["command"] for k, _ in SOURCES
                 if k in docs and isinstance(docs[k].get("command"), str)]
@@ -339,6 +344,8 @@ def table(header, rows):
 def markdown(s):
     md = [f"Device: {s['device']}; date: {s['date'] or 'n/a'}.", "",
           f"Command: `{s['command']}`" if s["command"] else "Command: n/a", ""]
+    if s.get("command_notes"):
+        md += [s["command_notes"], ""]
 
     md += ["**Completion latency** (medians of one awaited operation; overhead = median - raw)",
            ""]
