@@ -208,9 +208,10 @@ result<std::shared_ptr<fft_plan>> fft_state::plan_for(const fft_plan_key& key) {
   BOOST_OUTCOME_TRY(cufft_ok(cufftSetAutoAllocation(plan->handle, 0), "cufftSetAutoAllocation"));
   long long n[3] = {key.dims[0], key.dims[1], key.dims[2]};
   std::size_t work = 0;
-  // The 32-bit planner whenever the whole batch is indexable with int (what
-  // cufftPlan1d/cufftPlanMany users get). Under test: with the 64-bit planner
-  // the 2^26-point C2C ran 1.8% slower than cufftPlan1d's (docs/performance.md).
+  // The 32-bit planner whenever the whole batch is indexable with int: the
+  // plan cufftPlan1d/cufftPlanMany users get and compare against. (Tried
+  // against the 2^26-point C2C gap to cufftPlan1d; it was not the cause:
+  // docs/performance.md.)
   long long total = key.batch;
   for (int d = 0; d < key.rank; ++d) total *= n[d];
   if (total <= std::numeric_limits<int>::max()) {
