@@ -13,6 +13,9 @@ exist (a missing or unreadable one is skipped with a note on stderr):
 
 each with "device", "date" and "command". Writes summary.json and summary.md
 (the Markdown also goes to stdout) and evaluates the targets of issue 5.
+When DIR/runs/*/ hold further complete runs (the same files), each target
+case is also tabulated across them ("runs" in the JSON), because single
+runs on a shared machine differ by more than some targets' margins.
 
 Usage: scripts/bench-summary.py [DIR] [--out DIR]   (DIR: default bench/results of this checkout)
 Exit status: 0 written, 1 no results (the directory is missing or holds none of
@@ -398,13 +401,63 @@ def markdown(s):
         if not t["checks"]:
             rows.append([name, "no data", "", "", "n/a"])
         for c in t["checks"]:
-            ids = ", ".join(str(c[k]) if k == "work" else f"{k}={c[k]}"
-                            for k in c if k not in ("measured", "limit", "pass"))
-            rows.append([name, ids or "-", fmt(c["measured"], 4), fmt(c["limit"], 4),
+            rows.append([name, case_label(c), fmt(c["measured"], 4), fmt(c["limit"], 4),
                          verdict(c["pass"])])
     md += table(["target", "case", "measured", "limit", "result"], rows)
     md += ["", f"All targets: {verdict(s['targets']['all_pass'])}."]
+    if s.get("runs"):
+        md += runs_markdown(s["runs"])
     return "\n".join(md) + "\n"
+
+
+def case_label(c):
+    ids = ", ".join(str(c[k]) if k == "work" else f"{k}={c[k]}"
+                    for k in c if k not in ("measured", "limit", "pass"))
+    return ids or "-"
+
+
+def runs_markdown(runs):
+    """Every target case across the runs under runs/: the spread a noisy machine gives."""
+    md = ["", f"**Across runs** ({len(runs)} runs under `runs/`: "
+          + ", ".join(r["name"] for r in runs) + ")", ""]
+    order, values = [], {}
+    for i, r in enumerate(runs):
+        for name, t in r["targets"].items():
+            if name == "all_pass":
+                continue
+            for c in t["checks"]:
+                key = (name, case_label(c))
+                if key not in values:
+                    order.append(key)
+                    values[key] = [None] * len(runs)
+                values[key][i] = c
+    rows = []
+    for key in order:
+        cs = values[key]
+        passed = sum(1 for c in cs if c and c["pass"])
+        have = sum(1 for c in cs if c and c["pass"] is not None)
+        rows.append([key[0], key[1]] + [fmt(c["measured"], 4) if c else "n/a" for c in cs]
+                    + [f"{passed} of {have}"])
+    md += table(["target", "case"] + [r["name"] for r in runs] + ["passed"], rows)
+    return md
+
+
+def load_runs(directory):
+    """Summaries of the complete runs kept in directory/runs/*/ (oldest name first)."""
+    root = os.path.join(directory, "runs")
+    if not os.path.isdir(root):
+        return []
+    out = []
+    for name in sorted(os.listdir(root)):
+        sub = os.path.join(root, name)
+        if not os.path.isdir(sub):
+            continue
+        docs = load(sub)
+        if not docs:
+            continue
+        r = summarise(docs, sub)
+        out.append({"name": name, "date": r["date"], "targets": r["targets"]})
+    return out
 
 
 def main(argv):
@@ -439,6 +492,9 @@ def main(argv):
         note(f"no results in {directory}; nothing written")
         return 1
     s = summarise(docs, directory)
+    runs = load_runs(directory)
+    if runs:
+        s["runs"] = runs
     md = markdown(s)
     try:
         os.makedirs(out_dir, exist_ok=True)
