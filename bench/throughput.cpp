@@ -9,12 +9,23 @@
 //  - raw ceiling: T std::threads, each with its own cudaStream_t and its own
 //    library handle bound to it, launch the same operation back to back on
 //    preallocated buffers for as long, with one cudaStreamSynchronize at the
-//    end.
-// ops/s = completed operations / wall time; CPU us/op = process CPU time over
-// the timed window / operations. Each coroutine owns its buffers (filled with
-// random data before timing); the raw threads rotate over as many buffer sets
-// in all, so that both sides touch the same amount of memory. After the timed
-// run one result of ours is checked on the CPU.
+//    end of the window.
+// The shared GPU host drifts a lot between minutes, so one ours window then
+// one raw window is a weak comparison. Each side is therefore set up and
+// warmed up once (ours: io_context, device, actors, buffers, strands; raw:
+// threads, streams, handles, buffers) and then timed in --rounds R paired
+// rounds, alternating: ours window 1, raw window 1, ours window 2, raw window
+// 2, ... While one side runs, the other is idle (its threads blocked, its
+// io_context not run). Each window is timed as one measurement: at least
+// --seconds and --min-ops, capped, including its tail (ours: every coroutine
+// finishes its in-flight operation; raw: the final cudaStreamSynchronize).
+// ops/s = completed operations / wall time of a window; CPU us/op = process
+// CPU time over a window / operations. Reported: the medians over the rounds
+// of both sides' ops/s and CPU us/op, and ratio = the median over the rounds
+// of ours / raw of the same round (adjacent windows). Each coroutine owns its
+// buffers (filled with random data before timing); the raw threads rotate over
+// as many buffer sets in all, so that both sides touch the same amount of
+// memory. After the last window one result of ours is checked on the CPU.
 
 #include "bench.hpp"
 
@@ -41,7 +52,6 @@
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
-#include <latch>
 #include <mutex>
 #include <numbers>
 #include <optional>
@@ -69,7 +79,8 @@ constexpr long long max_actors = 4096;
 constexpr double max_seconds = 600;
 constexpr long long max_min_ops = 1000000000;
 constexpr long long max_warmup = 100;
-constexpr double cap_factor = 3;  // a measurement stops after cap_factor * --seconds regardless
+constexpr long long max_rounds = 50;
+constexpr double cap_factor = 3;  // a window stops after cap_factor * --seconds regardless
 
 // ---------------------------------------------------------------------------
 // Workloads
@@ -114,6 +125,7 @@ struct options {
   double seconds = 1.0;
   std::uint64_t min_ops = 20000;
   unsigned warmup = 2;
+  unsigned rounds = 3;       // paired windows (ours, then raw) per measurement
   long long max_batch = -1;  // -1: the device's default
   int device = 0;
   std::string json;
@@ -126,11 +138,15 @@ void print_usage(std::FILE* to) {
                "Small-operation throughput (issue 5 b). For each workload and io thread count T:\n"
                "C coroutines on one io_context run by T threads issue the operation through A\n"
                "library actors (each with its own stream; coroutine i uses actor i %% A),\n"
-               "co_await-ing each one, after a warm-up round; then the raw ceiling: T threads,\n"
+               "co_await-ing each one, after a warm-up round; and the raw ceiling: T threads,\n"
                "each with its own stream and library handle, launch the same operation back to\n"
-               "back with one cudaStreamSynchronize at the end. Both run for at least --seconds\n"
-               "and --min-ops (at most %.0f x --seconds). Prints ops/s of both, their ratio and\n"
-               "the process CPU time per operation.\n"
+               "back with one cudaStreamSynchronize at the end of a window. Each side is set up\n"
+               "(and warmed up) once, then timed in --rounds paired rounds: ours window 1, raw\n"
+               "window 1, ours window 2, raw window 2, ... (the host drifts between minutes, so\n"
+               "the ratio is taken per round, of adjacent windows). Each window runs for at\n"
+               "least --seconds and --min-ops (at most %.0f x --seconds). Prints the medians\n"
+               "over the rounds of ops/s of both, of their per-round ratio (and its min..max)\n"
+               "and of the process CPU time per operation.\n"
                "\n"
                "Workloads: sgemm64, sgemm256 (cuBLAS SGEMM n x n, pedantic f32 math, no TF32),\n"
                "fft4096 (cuFFT C2C forward, 4096 points, batch 1), rng1M (cuRAND Philox\n"
@@ -147,11 +163,13 @@ void print_usage(std::FILE* to) {
                "                     io_context itself, any thread)\n"
                "  --max-batch N      device_options::max_batch, 1..1048576 (default: the\n"
                "                     library's default)\n"
-               "  --seconds S        timed seconds per measurement, > 0 and <= %.0f (default 1)\n"
-               "  --min-ops N        at least N operations per measurement, 1..%lld\n"
+               "  --seconds S        timed seconds per window, > 0 and <= %.0f (default 1)\n"
+               "  --min-ops N        at least N operations per window, 1..%lld\n"
                "                     (default 20000)\n"
-               "  --warmup R         untimed rounds before timing: R operations per coroutine\n"
-               "                     and R per raw buffer set, 0..%lld (default 2)\n"
+               "  --rounds R         paired rounds (an ours window, then a raw window) per\n"
+               "                     measurement, 1..%lld (default 3)\n"
+               "  --warmup W         untimed rounds before timing: W operations per coroutine\n"
+               "                     and W per raw buffer set, 0..%lld (default 2)\n"
                "  --device D         device ordinal (default 0)\n"
                "  --json FILE        also write the results as JSON to FILE\n"
                "  --help             print this help and exit\n"
@@ -160,7 +178,7 @@ void print_usage(std::FILE* to) {
                "Exit status: 0 success; 1 an operation failed or a checked result was wrong;\n"
                "64 usage error; 69 no usable GPU.\n",
                prog, cap_factor, max_threads, max_coroutines, max_actors, max_seconds, max_min_ops,
-               max_warmup);
+               max_rounds, max_warmup);
 }
 
 std::optional<long long> parse_int(const std::string& s) {
@@ -207,9 +225,9 @@ std::optional<int> parse_args(int argc, char** argv, options& o) {
     if (u.rfind("--", 0) == 0) return usage_error("option '" + u + "' needs a value");
     return usage_error("unexpected argument '" + u + "'");
   }
-  static const char* const known[] = {"threads", "coroutines", "work",    "actors",
-                                      "pin",     "seconds",    "min-ops", "warmup",
-                                      "device",  "json",       "help",    "max-batch"};
+  static const char* const known[] = {"threads", "coroutines", "work",     "actors", "pin",
+                                      "seconds", "min-ops",    "warmup",   "rounds", "device",
+                                      "json",    "help",       "max-batch"};
   for (const auto& [k, v] : a.kv) {
     bool ok = false;
     for (const char* name : known) ok = ok || k == name;
@@ -253,6 +271,7 @@ std::optional<int> parse_args(int argc, char** argv, options& o) {
   if (auto r = integer("actors", 0, max_actors, o.actors)) return r;
   if (auto r = integer("min-ops", 1, max_min_ops, o.min_ops)) return r;
   if (auto r = integer("warmup", 0, max_warmup, o.warmup)) return r;
+  if (auto r = integer("rounds", 1, max_rounds, o.rounds)) return r;
   if (auto r = integer("device", 0, 1 << 20, o.device)) return r;
   if (auto r = integer("max-batch", 1, 1 << 20, o.max_batch)) return r;
   if (a.has("work")) {
@@ -378,7 +397,7 @@ struct stop_rule {
   }
 };
 
-// One side's measurement.
+// One timed window of one side.
 struct measured {
   std::uint64_t ops = 0;
   double seconds = 0;
@@ -386,6 +405,12 @@ struct measured {
   double ops_per_s() const { return seconds > 0 ? static_cast<double>(ops) / seconds : 0.0; }
   double cpu_us_per_op() const { return ops > 0 ? cpu_us / static_cast<double>(ops) : 0.0; }
 };
+
+// "sgemm64 T=8 C=1024 (ours)", for messages.
+std::string where_of(const workload& w, unsigned threads, unsigned coroutines, const char* side) {
+  return std::string(w.name) + " T=" + std::to_string(threads) +
+         " C=" + std::to_string(coroutines) + " (" + side + ")";
+}
 
 // ---------------------------------------------------------------------------
 // Ours: the library's actors on an io_context run by T threads
@@ -496,7 +521,7 @@ struct loop_control {
   std::atomic<std::uint64_t> completed{0};
   std::atomic<bool> stop{false};
   failures* fail = nullptr;
-  std::string where;  // "sgemm64 T=8", for messages
+  std::string where;  // where_of(...), for messages
 };
 
 // Allocates and fills the buffers of slots first, first + stride, ... one after
@@ -682,81 +707,138 @@ measured run_batch(asio::io_context& ioc, unsigned threads, std::size_t count, f
   return b.run(threads);
 }
 
+// Ours, set up once and timed in windows (see run_rounds): the io_context, the
+// device, the actors, the coroutines' buffers and the strands live from start()
+// to finish(); each window() spawns the C coroutines afresh and runs the
+// io_context on T threads until the last of them finished its in-flight
+// operation. Between windows no thread runs the io_context.
 template <family F>
-std::optional<measured> measure_ours(const options& o, const workload& w, unsigned threads,
-                                     unsigned coroutines, unsigned actors, failures& fail) {
-  loop_control ctl;
-  ctl.fail = &fail;
-  ctl.where = std::string(w.name) + " T=" + std::to_string(threads) +
-              " C=" + std::to_string(coroutines) + " (ours)";
-  measured timed;
-  std::vector<float> got_f;
-  std::vector<c32> got_c;
-  asio::io_context ioc(static_cast<int>(threads));
-  {
+class ours_side {
+public:
+  ours_side(const options& o, const workload& w, unsigned threads, unsigned coroutines,
+            unsigned actors, failures& fail)
+      : o_(o),
+        w_(w),
+        threads_(threads),
+        coroutines_(coroutines),
+        actors_(actors),
+        fail_(fail),
+        ioc_(static_cast<int>(threads)) {
+    ctl_.fail = &fail;
+    ctl_.where = where_of(w, threads, coroutines, "ours");
+  }
+  ours_side(const ours_side&) = delete;
+  ours_side& operator=(const ours_side&) = delete;
+  ~ours_side() { release(); }
+
+  // Opens the device, creates the actors, fills the buffers and runs the
+  // warm-up round (first launches load kernels, FFT plans are made); false on
+  // a failure (recorded).
+  bool start() {
     cuda::device_options dopts;
-    if (o.max_batch > 0) dopts.max_batch = static_cast<std::size_t>(o.max_batch);
-    auto opened = cuda::device::open(ioc.get_executor(), o.device, dopts);
+    if (o_.max_batch > 0) dopts.max_batch = static_cast<std::size_t>(o_.max_batch);
+    auto opened = cuda::device::open(ioc_.get_executor(), o_.device, dopts);
     if (!opened) {
-      fail.add(ctl.where + ": device::open failed: " + describe(opened.error()));
-      return std::nullopt;
+      fail_.add(ctl_.where + ": device::open failed: " + describe(opened.error()));
+      return false;
     }
     const cuda::device dev = opened.value();
-    if (dev.get_executor() != asio::any_io_executor(ioc.get_executor())) {
+    if (dev.get_executor() != asio::any_io_executor(ioc_.get_executor())) {
       // A device state of an earlier measurement is still alive (its io_context is gone).
-      fail.add(ctl.where + ": device::open returned a device bound to another io_context");
-      return std::nullopt;
+      fail_.add(ctl_.where + ": device::open returned a device bound to another io_context");
+      return false;
     }
-    auto made = make_actors(dev, w.fam, actors);
+    auto made = make_actors(dev, w_.fam, actors_);
     if (!made) {
-      fail.add(ctl.where + ": creating the actors failed: " + describe(made.error()));
-      return std::nullopt;
+      fail_.add(ctl_.where + ": creating the actors failed: " + describe(made.error()));
+      return false;
     }
-    const actor_pool pool = std::move(made).value();
-    std::vector<slot> slots(coroutines);
-    std::vector<asio::strand<asio::io_context::executor_type>> strands;
-    for (unsigned k = 0; k < actors; ++k) strands.push_back(asio::make_strand(ioc));
-    auto on_ioc = [&](std::size_t) { return asio::any_io_executor(ioc.get_executor()); };
-    auto exec_of = [&](std::size_t i) {
-      return o.pin ? asio::any_io_executor(strands[i % actors])
-                   : asio::any_io_executor(ioc.get_executor());
-    };
+    live& l = live_.emplace(live{dev, std::move(made).value(), std::vector<slot>(coroutines_), {}});
+    for (unsigned k = 0; k < actors_; ++k) l.strands.push_back(asio::make_strand(ioc_));
 
     // Buffers: one preparing coroutine per io thread, each slot in turn.
-    const std::size_t preparers = std::min<std::size_t>(threads, slots.size());
-    run_batch(ioc, threads, preparers, fail, on_ioc,
-              [&](std::size_t p) { return prepare<F>(dev, pool, w, slots, p, preparers, ctl); });
-    auto issue_all = [&] {
-      return run_batch(ioc, threads, slots.size(), fail, exec_of, [&](std::size_t i) {
-        return issue_loop<F>(pool, i % actors, w, slots[i], ctl);
-      });
-    };
-    // Warm-up round (first launches load kernels, FFT plans are made), then the timed run.
-    if (!fail.any() && o.warmup > 0) {
-      ctl.rounds = o.warmup;
+    const std::size_t preparers = std::min<std::size_t>(threads_, l.slots.size());
+    run_batch(ioc_, threads_, preparers, fail_, on_ioc(), [&](std::size_t p) {
+      return prepare<F>(l.dev, l.pool, w_, l.slots, p, preparers, ctl_);
+    });
+    if (!fail_.any() && o_.warmup > 0) {
+      ctl_.rounds = o_.warmup;
       issue_all();
     }
-    if (!fail.any()) {
-      ctl.rounds = 0;
-      ctl.completed = 0;
-      ctl.rule = stop_rule::from_now(o);
-      timed = issue_all();
-      timed.ops = ctl.completed.load();
+    return !fail_.any();
+  }
+
+  // One timed window, under a stop_rule from now; nullopt on a failure.
+  std::optional<measured> window() {
+    ctl_.rounds = 0;
+    ctl_.completed = 0;
+    ctl_.stop = false;  // the previous window ended by setting it
+    ctl_.rule = stop_rule::from_now(o_);
+    measured m = issue_all();
+    m.ops = ctl_.completed.load();
+    if (fail_.any()) return std::nullopt;
+    return m;
+  }
+
+  // Copies coroutine 0's output back, releases everything of the device and
+  // checks that output on the CPU; false on a failure (recorded).
+  bool finish() {
+    std::vector<float> got_f;
+    std::vector<c32> got_c;
+    run_batch(ioc_, threads_, 1, fail_, on_ioc(),
+              [&](std::size_t) { return fetch_result<F>(live_->slots[0], got_f, got_c, ctl_); });
+    release();
+    if (fail_.any()) return false;
+    if (auto wrong = check_result<F>(w_, got_f, got_c); !wrong.empty()) {
+      fail_.add(ctl_.where + ": wrong result: " + wrong);
+      return false;
     }
-    if (!fail.any())
-      run_batch(ioc, threads, 1, fail, on_ioc,
-                [&](std::size_t) { return fetch_result<F>(slots[0], got_f, got_c, ctl); });
+    return true;
   }
-  // Everything of the device is released; let what it queued on the io_context run.
-  ioc.restart();
-  ioc.run_for(std::chrono::seconds(5));
-  if (fail.any()) return std::nullopt;
-  if (auto wrong = check_result<F>(w, got_f, got_c); !wrong.empty()) {
-    fail.add(ctl.where + ": wrong result: " + wrong);
-    return std::nullopt;
+
+private:
+  // What lives from start() to finish().
+  struct live {
+    cuda::device dev;
+    actor_pool pool;
+    std::vector<slot> slots;
+    std::vector<asio::strand<asio::io_context::executor_type>> strands;
+  };
+
+  auto on_ioc() {
+    return [this](std::size_t) { return asio::any_io_executor(ioc_.get_executor()); };
   }
-  return timed;
-}
+
+  // All C coroutines, each running issue_loop under ctl_ (--pin: coroutine i
+  // on the strand of its actor).
+  measured issue_all() {
+    live& l = *live_;
+    auto exec_of = [&](std::size_t i) {
+      return o_.pin ? asio::any_io_executor(l.strands[i % actors_])
+                    : asio::any_io_executor(ioc_.get_executor());
+    };
+    return run_batch(ioc_, threads_, l.slots.size(), fail_, exec_of, [&](std::size_t i) {
+      return issue_loop<F>(l.pool, i % actors_, w_, l.slots[i], ctl_);
+    });
+  }
+
+  // Releases everything of the device, then lets what it queued on the
+  // io_context run.
+  void release() {
+    if (!live_) return;
+    live_.reset();
+    ioc_.restart();
+    ioc_.run_for(std::chrono::seconds(5));
+  }
+
+  const options& o_;
+  const workload& w_;
+  const unsigned threads_, coroutines_, actors_;
+  failures& fail_;
+  loop_control ctl_;
+  asio::io_context ioc_;      // outlives live_
+  std::optional<live> live_;  // engaged from a successful start() to finish()
+};
 
 // ---------------------------------------------------------------------------
 // The raw ceiling: T threads, each with its own stream and library handle
@@ -890,63 +972,210 @@ private:
   std::vector<std::array<void*, 3>> sets_;
 };
 
-std::optional<measured> measure_raw(const options& o, const workload& w, unsigned threads,
-                                    unsigned coroutines, failures& fail) {
-  const std::string where = std::string(w.name) + " T=" + std::to_string(threads) +
-                            " C=" + std::to_string(coroutines) + " (raw)";
-  // As many buffer sets in all as ours has coroutines (at least one per thread).
-  const std::size_t sets = std::max<std::size_t>(1, (coroutines + threads - 1) / threads);
-  std::latch ready(threads), finished(threads);
-  std::atomic<bool> go{false}, release{false}, stop{false};
-  std::atomic<std::uint64_t> total{0};
-  stop_rule rule{};  // written before `go`
-  auto failed = [&](const std::string& what) {
-    fail.add(where + ": " + what);
-    stop = true;
-  };
-  auto body = [&](unsigned t) {
-    {
-      raw_lane lane(w);
-      if (auto e = lane.init(o.device, sets, 1000 + t); !e.empty()) failed(e);
-      // Warm-up: R launches per buffer set, then wait for them.
-      for (std::uint64_t k = 0; !stop.load() && k < o.warmup * lane.sets(); ++k)
-        if (auto e = lane.launch(k); !e.empty()) failed(e);
-      if (!stop.load())
-        if (auto e = lane.sync(); !e.empty()) failed(e);
-      ready.count_down();
-      go.wait(false);
-      for (std::uint64_t k = 0; !stop.load(std::memory_order_relaxed); ++k) {
+// The raw ceiling, set up once and timed in windows (see run_rounds): T
+// threads, each owning a raw_lane (stream, handle, buffer sets) from start()
+// to the destructor. Between windows every thread sleeps in an atomic wait on
+// phase_; a window wakes them all, and each launches until the stop rule (or a
+// failure) says stop, synchronises its stream and reports back through
+// arrived_.
+class raw_side {
+public:
+  raw_side(const options& o, const workload& w, unsigned threads, unsigned coroutines,
+           failures& fail)
+      : o_(o),
+        w_(w),
+        threads_(threads),
+        // As many buffer sets in all as ours has coroutines (at least one per thread).
+        sets_(std::max<std::size_t>(1, (coroutines + threads - 1) / threads)),
+        where_(where_of(w, threads, coroutines, "raw")),
+        fail_(fail) {}
+  raw_side(const raw_side&) = delete;
+  raw_side& operator=(const raw_side&) = delete;
+  ~raw_side() {
+    quit_ = true;
+    phase_.fetch_add(1);
+    phase_.notify_all();
+    for (auto& t : pool_) t.join();  // each thread tears its lane down
+  }
+
+  // Starts the threads and waits until each has set up its lane and run its
+  // warm-up round; false on a failure (recorded).
+  bool start() {
+    pool_.reserve(threads_);
+    for (unsigned t = 0; t < threads_; ++t) pool_.emplace_back([this, t] { lane_main(t); });
+    wait_arrivals();
+    return !fail_.any();
+  }
+
+  // One timed window, under a stop_rule from now, up to the last thread's
+  // final cudaStreamSynchronize; nullopt on a failure.
+  std::optional<measured> window() {
+    stop_ = false;
+    total_ = 0;
+    const double cpu0 = bench::process_cpu_us();
+    const double t0 = bench::now_us();
+    rule_ = stop_rule::from_now(o_);
+    phase_.fetch_add(1);  // publishes rule_, stop_ and total_ to the threads
+    phase_.notify_all();
+    wait_arrivals();
+    measured m;
+    m.seconds = (bench::now_us() - t0) * 1e-6;
+    m.cpu_us = bench::process_cpu_us() - cpu0;
+    m.ops = total_.load();
+    if (fail_.any()) return std::nullopt;
+    return m;
+  }
+
+private:
+  void failed(const std::string& what) {
+    fail_.add(where_ + ": " + what);
+    stop_ = true;
+  }
+
+  // Each thread adds 1 to arrived_ after setting up and after each window.
+  void arrive() {
+    arrived_.fetch_add(1);
+    arrived_.notify_all();
+  }
+  void wait_arrivals() {
+    expected_ += threads_;
+    for (auto v = arrived_.load(); v < expected_; v = arrived_.load()) arrived_.wait(v);
+  }
+
+  void lane_main(unsigned t) {
+    raw_lane lane(w_);
+    if (auto e = lane.init(o_.device, sets_, 1000 + t); !e.empty()) failed(e);
+    // Warm-up: --warmup launches per buffer set, then wait for them.
+    for (std::uint64_t k = 0; !stop_.load() && k < o_.warmup * lane.sets(); ++k)
+      if (auto e = lane.launch(k); !e.empty()) failed(e);
+    if (!stop_.load())
+      if (auto e = lane.sync(); !e.empty()) failed(e);
+    arrive();
+    for (std::uint64_t seen = 0;;) {
+      phase_.wait(seen);  // idle (not spinning) between windows
+      seen = phase_.load();
+      if (quit_.load()) return;
+      for (std::uint64_t k = 0; !stop_.load(std::memory_order_relaxed); ++k) {
         if (auto e = lane.launch(k); !e.empty()) {
           failed(e);
           break;
         }
-        const auto done = total.fetch_add(1, std::memory_order_relaxed) + 1;
-        if (rule.reached(clock_type::now(), done)) stop.store(true, std::memory_order_relaxed);
+        const auto done = total_.fetch_add(1, std::memory_order_relaxed) + 1;
+        if (rule_.reached(clock_type::now(), done)) stop_.store(true, std::memory_order_relaxed);
       }
       if (auto e = lane.sync(); !e.empty()) failed(e);
-      finished.count_down();
-      release.wait(false);  // tear down only after the window closed
+      arrive();
     }
-  };
-  std::vector<std::thread> pool;
-  pool.reserve(threads);
-  for (unsigned t = 0; t < threads; ++t) pool.emplace_back(body, t);
-  ready.wait();
-  const double cpu0 = bench::process_cpu_us();
-  const double t0 = bench::now_us();
-  rule = stop_rule::from_now(o);
-  go = true;
-  go.notify_all();
-  finished.wait();
-  measured m;
-  m.seconds = (bench::now_us() - t0) * 1e-6;
-  m.cpu_us = bench::process_cpu_us() - cpu0;
-  m.ops = total.load();
-  release = true;
-  release.notify_all();
-  for (auto& t : pool) t.join();
-  if (fail.any()) return std::nullopt;
+  }
+
+  const options& o_;
+  const workload& w_;
+  const unsigned threads_;
+  const std::size_t sets_;  // buffer sets per thread
+  const std::string where_;
+  failures& fail_;
+  std::vector<std::thread> pool_;
+  std::atomic<std::uint64_t> phase_{0};    // bumped to start a window (or to quit)
+  std::atomic<bool> quit_{false};          // set before the last bump of phase_
+  std::atomic<std::uint64_t> arrived_{0};  // see arrive()
+  std::uint64_t expected_ = 0;             // arrived_ once the current step is done
+  std::atomic<bool> stop_{false};          // ends a window (or the warm-up, on a failure)
+  std::atomic<std::uint64_t> total_{0};    // operations launched in the current window
+  stop_rule rule_{};                       // written before phase_ is bumped
+};
+
+// ---------------------------------------------------------------------------
+// Paired rounds
+//
+// The shared GPU host drifts a lot from one minute to the next, so one ours
+// window followed by one raw window compares two different machines. Both
+// sides are therefore set up once and then timed in R rounds of two adjacent
+// windows, ours then raw, and the ratio is taken per round (each pair saw
+// nearly the same host) and reported as the median over the rounds; the
+// per-side rates are medians too. While one side runs, the other is fully idle:
+// its raw threads sleep in an atomic wait, or nobody runs its io_context.
+
+// Per round r, ours[r] and the raw window right after it.
+struct rounds_measured {
+  std::vector<measured> ours, raw;
+};
+
+template <family F>
+std::optional<rounds_measured> run_rounds(const options& o, const workload& w, unsigned threads,
+                                          unsigned coroutines, unsigned actors, failures& fail) {
+  ours_side<F> ours(o, w, threads, coroutines, actors, fail);
+  if (!ours.start()) return std::nullopt;
+  raw_side raw(o, w, threads, coroutines, fail);  // torn down first, on any return
+  if (!raw.start()) return std::nullopt;
+  rounds_measured m;
+  for (unsigned r = 0; r < o.rounds; ++r) {
+    const auto a = ours.window();
+    if (!a) return std::nullopt;
+    const auto b = raw.window();
+    if (!b) return std::nullopt;
+    m.ours.push_back(*a);
+    m.raw.push_back(*b);
+  }
+  if (!ours.finish()) return std::nullopt;
   return m;
+}
+
+// The median of `v` (the mean of the middle two when the count is even).
+double median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const std::size_t h = v.size() / 2;
+  return v.size() % 2 ? v[h] : (v[h - 1] + v[h]) / 2;
+}
+
+// f(m) for each round's measurement.
+std::vector<double> per_round(const std::vector<measured>& ms, double (measured::*f)() const) {
+  std::vector<double> out;
+  for (const auto& m : ms) out.push_back((m.*f)());
+  return out;
+}
+
+// What one (work, T, C) reports: per-round values and their medians.
+struct summary {
+  std::vector<double> round_ops_per_s, round_raw_ops_per_s, round_ratio;
+  double ops_per_s = 0, raw_ops_per_s = 0, ratio = 0, ratio_min = 0, ratio_max = 0;
+  double cpu_us_per_op = 0, raw_cpu_us_per_op = 0;
+  measured ours_total, raw_total;  // ops, seconds and CPU summed over the rounds
+};
+
+measured sum(const std::vector<measured>& ms) {
+  measured t;
+  for (const auto& m : ms) {
+    t.ops += m.ops;
+    t.seconds += m.seconds;
+    t.cpu_us += m.cpu_us;
+  }
+  return t;
+}
+
+summary summarise(const rounds_measured& m) {
+  summary s;
+  s.round_ops_per_s = per_round(m.ours, &measured::ops_per_s);
+  s.round_raw_ops_per_s = per_round(m.raw, &measured::ops_per_s);
+  // Paired: ours of round r against the raw window right after it.
+  for (std::size_t r = 0; r < s.round_ops_per_s.size(); ++r)
+    s.round_ratio.push_back(
+        s.round_raw_ops_per_s[r] > 0 ? s.round_ops_per_s[r] / s.round_raw_ops_per_s[r] : 0.0);
+  s.ops_per_s = median(s.round_ops_per_s);
+  s.raw_ops_per_s = median(s.round_raw_ops_per_s);
+  s.ratio = median(s.round_ratio);
+  const auto [lo, hi] = std::minmax_element(s.round_ratio.begin(), s.round_ratio.end());
+  s.ratio_min = lo != s.round_ratio.end() ? *lo : 0.0;
+  s.ratio_max = hi != s.round_ratio.end() ? *hi : 0.0;
+  s.cpu_us_per_op = median(per_round(m.ours, &measured::cpu_us_per_op));
+  s.raw_cpu_us_per_op = median(per_round(m.raw, &measured::cpu_us_per_op));
+  s.ours_total = sum(m.ours);
+  s.raw_total = sum(m.raw);
+  return s;
+}
+
+bench::json json_array(const std::vector<double>& v) {
+  return bench::json::array(std::vector<bench::json>(v.begin(), v.end()));
 }
 
 // ---------------------------------------------------------------------------
@@ -968,10 +1197,12 @@ int run(const options& o, const std::string& command) {
     return bench::exit_no_gpu;
   }
   const std::string device = bench::device_name(o.device);
-  std::printf("%s: %s; at least %.3g s and %llu ops per measurement\n", prog, device.c_str(),
-              o.seconds, static_cast<unsigned long long>(o.min_ops));
-  std::printf("%-9s %4s %6s %6s %12s %12s %7s %10s %10s\n", "work", "T", "coros", "actors",
-              "ours ops/s", "raw ops/s", "ratio", "CPU us/op", "raw CPU");
+  std::printf(
+      "%s: %s; %u paired rounds (ours window, then raw window), each window at least\n"
+      "%.3g s and %llu ops\n",
+      prog, device.c_str(), o.rounds, o.seconds, static_cast<unsigned long long>(o.min_ops));
+  std::printf("%-9s %4s %6s %6s %12s %12s %7s %10s %10s  %s\n", "work", "T", "coros", "actors",
+              "ours ops/s", "raw ops/s", "ratio", "CPU us/op", "raw CPU", "ratio min..max");
   std::fflush(stdout);
 
   std::vector<bench::json> rows;
@@ -980,21 +1211,19 @@ int run(const options& o, const std::string& command) {
     for (unsigned threads : o.threads) {
       for (unsigned coroutines : o.coroutines) {
         const unsigned actors = o.actors ? o.actors : threads;
-        std::optional<measured> ours;
+        std::optional<rounds_measured> m;
         switch (w->fam) {
           case family::sgemm:
-            ours = measure_ours<family::sgemm>(o, *w, threads, coroutines, actors, fail);
+            m = run_rounds<family::sgemm>(o, *w, threads, coroutines, actors, fail);
             break;
           case family::fft:
-            ours = measure_ours<family::fft>(o, *w, threads, coroutines, actors, fail);
+            m = run_rounds<family::fft>(o, *w, threads, coroutines, actors, fail);
             break;
           case family::rng:
-            ours = measure_ours<family::rng>(o, *w, threads, coroutines, actors, fail);
+            m = run_rounds<family::rng>(o, *w, threads, coroutines, actors, fail);
             break;
         }
-        std::optional<measured> raw;
-        if (ours) raw = measure_raw(o, *w, threads, coroutines, fail);
-        if (!ours || !raw) {
+        if (!m) {
           const auto n = fail.count();
           std::fprintf(stderr, "%s: %s\n", prog, fail.first().c_str());
           if (n > 1)
@@ -1002,10 +1231,10 @@ int run(const options& o, const std::string& command) {
                          static_cast<unsigned long long>(n));
           return exit_failed;
         }
-        const double ratio = raw->ops_per_s() > 0 ? ours->ops_per_s() / raw->ops_per_s() : 0.0;
-        std::printf("%-9s %4u %6u %6u %12.0f %12.0f %7.3f %10.2f %10.2f\n", w->name, threads,
-                    coroutines, actors, ours->ops_per_s(), raw->ops_per_s(), ratio,
-                    ours->cpu_us_per_op(), raw->cpu_us_per_op());
+        const summary s = summarise(*m);
+        std::printf("%-9s %4u %6u %6u %12.0f %12.0f %7.3f %10.2f %10.2f  %.3f..%.3f\n", w->name,
+                    threads, coroutines, actors, s.ops_per_s, s.raw_ops_per_s, s.ratio,
+                    s.cpu_us_per_op, s.raw_cpu_us_per_op, s.ratio_min, s.ratio_max);
         std::fflush(stdout);
         rows.push_back(bench::json::object(
             {{"work", w->name},
@@ -1017,21 +1246,27 @@ int run(const options& o, const std::string& command) {
               static_cast<std::int64_t>(
                   o.max_batch > 0 ? o.max_batch
                                   : static_cast<long long>(cuda::device_options{}.max_batch))},
-             {"ops_per_s", ours->ops_per_s()},
-             {"raw_ceiling_ops_per_s", raw->ops_per_s()},
-             {"ratio", ratio},
-             {"cpu_us_per_op", ours->cpu_us_per_op()},
-             {"raw_cpu_us_per_op", raw->cpu_us_per_op()},
-             {"ops", ours->ops},
-             {"seconds", ours->seconds},
-             {"raw_ops", raw->ops},
-             {"raw_seconds", raw->seconds}}));
+             {"ops_per_s", s.ops_per_s},
+             {"raw_ceiling_ops_per_s", s.raw_ops_per_s},
+             {"ratio", s.ratio},
+             {"cpu_us_per_op", s.cpu_us_per_op},
+             {"raw_cpu_us_per_op", s.raw_cpu_us_per_op},
+             {"ops", s.ours_total.ops},
+             {"seconds", s.ours_total.seconds},
+             {"raw_ops", s.raw_total.ops},
+             {"raw_seconds", s.raw_total.seconds},
+             {"rounds", o.rounds},
+             {"round_ops_per_s", json_array(s.round_ops_per_s)},
+             {"round_raw_ops_per_s", json_array(s.round_raw_ops_per_s)},
+             {"round_ratio", json_array(s.round_ratio)}}));
       }
     }
   }
   std::printf(
-      "(ratio = ours / raw; CPU us/op = process CPU time over the timed window / ops; raw\n"
-      " threads each own a stream and a library handle and synchronise once at the end)\n");
+      "(medians over the rounds; ratio = median over the rounds of ours / raw of the same\n"
+      " round, min..max its spread; CPU us/op = process CPU time over a timed window / ops;\n"
+      " raw threads each own a stream and a library handle and synchronise once at the end\n"
+      " of each window)\n");
   if (!o.json.empty()) {
     const auto doc = bench::json::object({{"bench", "throughput"},
                                           {"device", device},
@@ -1040,6 +1275,7 @@ int run(const options& o, const std::string& command) {
                                           {"min_seconds", o.seconds},
                                           {"min_ops", o.min_ops},
                                           {"warmup_rounds", o.warmup},
+                                          {"rounds", o.rounds},
                                           {"throughput", bench::json::array(rows)}});
     if (!bench::write_json(o.json, doc)) {
       std::fprintf(stderr, "%s: cannot write %s\n", prog, o.json.c_str());

@@ -39,7 +39,7 @@ namespace {
 class wait_op : public watched_wait, public std::enable_shared_from_this<wait_op> {
 public:
   wait_op(std::shared_ptr<device_impl> d, stream s, shared_event ev, const completion& how,
-          std::string_view library, wait_handler h)
+          std::string_view library, wait_handler h, clock::time_point start = clock::now())
       : dev_(std::move(d)),
         stream_(std::move(s)),
         ev_(std::move(ev)),
@@ -47,7 +47,7 @@ public:
         library_(library),
         handler_(std::move(h)),
         ex_(asio::get_associated_executor(handler_, dev_->executor)),
-        start_(clock::now()) {
+        start_(start) {
     const auto left = clock::time_point::max() - start_;
     deadline_ = how.timeout >= left
                     ? clock::time_point::max()
@@ -118,6 +118,7 @@ protected:
   /// handler's executor outside the initiating call (the poll loop).
   bool finish(result<void> r, bool inline_ok = false) {
     if (done_.exchange(true)) return false;
+    if (counts_polled_) stream_.state()->polled.fetch_sub(1, std::memory_order_relaxed);
     auto deliver = [self = shared_from_this(), r = std::move(r)]() mutable {
       self->before_deliver(r);
       auto slot = asio::get_associated_cancellation_slot(self->handler_);
@@ -149,6 +150,7 @@ protected:
   std::optional<asio::any_completion_executor> work_;
   clock::time_point start_, deadline_;
   std::atomic<bool> done_{false};
+  bool counts_polled_ = false;  // counted in stream_state::polled until finished
 };
 
 // ---------------------------------------------------------------- event_poll
@@ -160,7 +162,13 @@ protected:
 // stream (work on a stream finishes in order).
 class poll_op : public wait_op, public polled_wait {
 public:
-  using wait_op::wait_op;
+  template <class... A>
+  explicit poll_op(A&&... a) : wait_op(std::forward<A>(a)...) {
+    if (stream_) {
+      stream_.state()->polled.fetch_add(1, std::memory_order_relaxed);
+      counts_polled_ = true;
+    }
+  }
 
   cudaStream_t polled_stream() const noexcept override { return stream_.native_handle(); }
   cudaEvent_t polled_event() const noexcept override { return ev_->native_handle(); }
@@ -205,7 +213,10 @@ public:
   queued_op(std::shared_ptr<device_impl> d, cuda::launch& l, deferred_enqueue what,
             deferred_status* status, const completion& how, std::string_view library,
             wait_handler h)
-      : poll_op(std::move(d), l.get_stream(), nullptr, how, library, std::move(h)),
+      // No deadline (the batch path is only taken without one); the wait
+      // starts when the drain arms it (one clock read per batch).
+      : poll_op(std::move(d), l.get_stream(), nullptr, how, library, std::move(h),
+                clock::time_point{}),
         launch_(&l),
         what_(what),
         status_(status) {}
@@ -228,14 +239,16 @@ public:
 
   /// Drain: runs the enqueue unless the op was cancelled first; false when
   /// the op is finished (cancelled, rejected, or the enqueue failed).
-  bool enqueue() {
+  /// `current`: the result of making the device current on this thread
+  /// (once per batch: every op of a batch is on one device).
+  bool enqueue(cudaError_t current) {
     int expected = queued;
     if (!stage_.compare_exchange_strong(expected, enqueuing)) return false;
     result<void> r = outcome::success();
     if (auto ok = dev_->check_accepting(); !ok)
       r = ok.error().tagged(library_);
-    else if (auto st = dev_->make_current(); st != cudaSuccess)
-      r = fault(st, "cudaSetDevice");
+    else if (current != cudaSuccess)
+      r = fault(current, "cudaSetDevice");
     else
       r = what_.fn(what_.ctx, *launch_);
     if (r) {
@@ -249,10 +262,11 @@ public:
 
   /// Drain: the batch's event is recorded; stamps the buffers and starts
   /// waiting. False if a cancellation arrived meanwhile (finished now).
-  bool arm(const shared_event& ev) {
+  bool arm(const shared_event& ev, clock::time_point now) {
     launch_->stamp(ev);
     status_->ev = ev;
     ev_ = ev;
+    start_ = now;
     stage_.store(waiting);
     // Last use of the frame's launch and status above: from here on any
     // finish may resume the coroutine.
@@ -371,9 +385,11 @@ private:
 void drain_deferred(std::vector<std::shared_ptr<polled_wait>>& batch) {
   std::vector<std::shared_ptr<queued_op>> ok;
   ok.reserve(batch.size());
+  const cudaError_t current =
+      static_cast<queued_op&>(*batch.front()).dev().make_current();  // batch: one device
   for (auto& w : batch) {
     auto op = std::static_pointer_cast<queued_op>(std::move(w));
-    if (op->enqueue()) ok.push_back(std::move(op));
+    if (op->enqueue(current)) ok.push_back(std::move(op));
   }
   batch.clear();
   if (ok.empty()) return;
@@ -387,13 +403,14 @@ void drain_deferred(std::vector<std::shared_ptr<polled_wait>>& batch) {
   first.dev().ops_batched.fetch_add(ok.size(), std::memory_order_relaxed);
   std::vector<std::shared_ptr<polled_wait>> waits;
   waits.reserve(ok.size());
+  const auto now = clock::now();
   for (auto& op : ok)
-    if (op->arm(ev.value())) waits.push_back(std::move(op));
+    if (op->arm(ev.value(), now)) waits.push_back(std::move(op));
   first.dev().polls->add_all(waits);
 }
 
 bool stream_busy(const stream& s) noexcept {
-  return s && s.state()->owner->polls->busy(s.native_handle());
+  return s && s.state()->polled.load(std::memory_order_relaxed) > 0;
 }
 
 void start_deferred(cuda::launch& l, deferred_enqueue what, deferred_status* status,

@@ -457,6 +457,13 @@ result<void> check_buffer(const buffer_state* st, std::string_view what) {
                                          std::to_string(gen) + " (" + why + ")");
 }
 
+result<void> check_buffer(const buffer_state* st, dtype t) {
+  if (st && st->generation == st->dev->generation.load(std::memory_order_acquire) &&
+      st->dev->health.load(std::memory_order_acquire) == health_state::healthy)
+    return outcome::success();
+  return check_buffer(st, "gpu_ref<" + std::string(to_string(t)) + ">");
+}
+
 }  // namespace detail
 
 // ---------------------------------------------------------------- device

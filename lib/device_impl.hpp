@@ -33,6 +33,11 @@ struct stream_state {
   device_impl* owner = nullptr;      // always set
   cudaStream_t native;
   std::uint64_t id;
+  /// event_poll waits on this stream not finished yet (queued for a batch,
+  /// enqueuing, or in the poll hub). Non-zero: run_kernel joins the stream's
+  /// batch. An atomic here, not a look into the hub under its lock: every
+  /// operation asks, from every io thread.
+  std::atomic<std::uint32_t> polled{0};
 };
 
 /// A wait that the device's monitor must watch: for deadlines, for a fault
@@ -89,12 +94,16 @@ public:
   const int ordinal;
   const device_options options;
 
-  std::atomic<std::uint64_t> generation{1};
+  // Read by every check of every operation: on a cache line of their own, so
+  // that the counters below (written by every operation, from every io
+  // thread) do not keep invalidating it.
+  alignas(64) std::atomic<std::uint64_t> generation{1};
   std::atomic<health_state> health{health_state::unavailable};
 
   // statistics
-  std::atomic<std::uint64_t> in_flight{0}, completed{0}, failed{0}, faults{0}, oom{0},
+  alignas(64) std::atomic<std::uint64_t> in_flight{0}, completed{0}, failed{0}, faults{0}, oom{0},
       live_buffers{0}, parked_count{0}, ops_batched{0}, batches{0};
+  alignas(64) char after_counters_ = 0;  // whatever follows starts on a new line
 
   cudaMemPool_t mem_pool = nullptr;
   std::shared_ptr<event_pool> events;

@@ -35,9 +35,8 @@ result<void*> launch::access(const std::shared_ptr<detail::buffer_state>& st, bo
                           " used on a stream of device " + std::to_string(d->ordinal));
   // Already ordered by this launch (run_kernel declares outputs, then the
   // enqueue asks again): no second round of stream waits.
-  auto seen =
-      std::find_if(touched_.begin(), touched_.end(), [&](const auto& t) { return t.first == st; });
-  if (seen != touched_.end() && (seen->second || !write)) return st->ptr;
+  auto* seen = touched_.find(st.get());
+  if (seen && (seen->write || !write)) return st->ptr;
   std::lock_guard lk(st->mu);
   auto wait_for = [&](detail::access_stamp& a) -> result<void> {
     if (!a.done || a.stream_id == stream_.id()) return outcome::success();  // stream order suffices
@@ -58,10 +57,10 @@ result<void*> launch::access(const std::shared_ptr<detail::buffer_state>& st, bo
       BOOST_OUTCOME_TRY(wait_for(r));
     }
   }
-  if (seen != touched_.end())
-    seen->second = true;  // a read upgraded to a write
+  if (seen)
+    seen->write = true;  // a read upgraded to a write
   else
-    touched_.emplace_back(st, write);
+    touched_.add(st, write);
   return st->ptr;
 }
 
@@ -74,20 +73,21 @@ result<std::shared_ptr<detail::pooled_event>> launch::commit() {
 
 void launch::stamp(const std::shared_ptr<detail::pooled_event>& ev) {
   const auto id = stream_.id();
-  for (auto& [st, write] : touched_) {
-    std::lock_guard lk(st->mu);
-    if (write) {
-      st->last_write = {id, ev};
-      st->reads.clear();
-      continue;
+  touched_.for_each([&](detail::touch_list::entry& t) {
+    auto& st = *t.st;
+    std::lock_guard lk(st.mu);
+    if (t.write) {
+      st.last_write = {id, ev};
+      st.reads.clear();
+      return;
     }
-    auto it = std::find_if(st->reads.begin(), st->reads.end(),
+    auto it = std::find_if(st.reads.begin(), st.reads.end(),
                            [&](const detail::access_stamp& a) { return a.stream_id == id; });
-    if (it != st->reads.end())
+    if (it != st.reads.end())
       it->done = ev;
     else
-      st->reads.push_back({id, ev});
-  }
+      st.reads.push_back({id, ev});
+  });
   touched_.clear();
 }
 

@@ -43,13 +43,6 @@ void poll_hub::add_all(std::vector<std::shared_ptr<polled_wait>>& ws) {
   schedule_locked(true, clock::duration::zero());
 }
 
-bool poll_hub::busy(cudaStream_t s) const {
-  std::lock_guard lk(mu_);
-  for (const auto& l : lanes_)
-    if (l.stream == s) return l.draining || !l.waits.empty();
-  return false;
-}
-
 void poll_hub::defer(std::shared_ptr<polled_wait> w) {
   std::lock_guard lk(mu_);
   auto& l = lane_locked(w->polled_stream());
@@ -92,7 +85,9 @@ void poll_hub::run_drain(cudaStream_t s) {
 }
 
 void poll_hub::clear() {
+  std::lock_guard st(step_mu_);  // never under a step's queries (they use the waits' events)
   std::lock_guard lk(mu_);
+  ++clears_;
   lanes_.clear();  // deferred work is dropped with its handlers (shutdown)
   count_ = 0;
 }
@@ -152,11 +147,19 @@ void poll_hub::step(bool full) {
   again_.store(false);
 
   // 1. Under the lock: which events to query: each lane's oldest pending
-  //    waits (a few more on a timer step). Waits that finished otherwise
-  //    (cancelled, timed out by the device monitor) leave when they reach
-  //    the front. O(lanes), not O(waits): add() contends for this lock.
-  std::vector<std::vector<std::shared_ptr<polled_wait>>> to_query;
+  //    events (a few more on a timer step), as runs of consecutive waits
+  //    sharing one event (a batch). Only the event handles and run lengths
+  //    are taken, no references to the waits: the waits stay in their lanes,
+  //    which nothing but a step (or clear(), seen through clears_) shortens,
+  //    so the runs are still at the front in step 3. (Copying the waits cost
+  //    an atomic increment and decrement per wait per step: up to k_max_waits
+  //    of them on every turn of a spinning poller.) Waits that finished
+  //    otherwise (cancelled, timed out by the device monitor) leave when they
+  //    reach the front. O(lanes), not O(waits): add() contends for this lock.
+  auto& probes = probes_;  // guarded by step_mu_
+  probes.clear();
   std::vector<std::shared_ptr<polled_wait>> rejected;
+  std::uint64_t epoch = 0;
   {
     std::lock_guard lk(mu_);
     if (count_ == 0) return;
@@ -169,80 +172,82 @@ void poll_hub::step(bool full) {
       lanes_.clear();
       count_ = 0;
     }
-    to_query.reserve(lanes_.size());
+    epoch = clears_;
     const std::size_t batch = full ? k_full_batch : k_batch;
     for (auto& l : lanes_) {
       while (!l.waits.empty() && l.waits.front()->polled_done()) {
         l.waits.pop_front();
         --count_;
       }
-      // Up to `batch` distinct events (waits of one batch share theirs).
-      auto& q = to_query.emplace_back();
-      std::size_t events = 0;
-      cudaEvent_t last = nullptr;
-      for (std::size_t i = 0; i < l.waits.size() && i < k_max_waits; ++i) {
+      std::size_t i = 0, events = 0;
+      while (i < l.waits.size() && i < k_max_waits && ++events <= batch) {
         const cudaEvent_t ev = l.waits[i]->polled_event();
-        if (ev != last && ++events > batch) break;
-        last = ev;
-        q.push_back(l.waits[i]);
+        std::size_t j = i + 1;
+        while (j < l.waits.size() && j < k_max_waits && l.waits[j]->polled_event() == ev) ++j;
+        probes.push_back({l.stream, ev, j - i, cudaErrorNotReady});
+        i = j;
       }
     }
   }
 
-  // 2. Without the lock (other threads keep adding waits): the queries. On a
-  //    lane, once one is not done, no later one is (in order); a full step
-  //    asks them all anyway (waits added out of recording order).
+  // 2. Without the lock (other threads keep adding waits): one query per
+  //    run. On a lane, once one is not done, no later one is (in order); a
+  //    full step asks them all anyway (waits added out of recording order).
+  for (std::size_t k = 0; k < probes.size(); ++k) {
+    auto& p = probes[k];
+    if (!full && k > 0 && probes[k - 1].stream == p.stream &&
+        probes[k - 1].status == cudaErrorNotReady)
+      continue;  // left not ready, unasked
+    p.status = cudaEventQuery(p.ev);
+  }
+
+  // 3. Under the lock: take the finished runs out of their lanes, follow
+  //    each lane past its finished oldest, and decide when to look again.
   struct ready {
     std::shared_ptr<polled_wait> w;
     cudaError_t status;
   };
   std::vector<ready> done;
-  for (auto& lane_waits : to_query) {
-    // Waits of one batch share an event: it is queried once.
-    cudaEvent_t last = nullptr;
-    cudaError_t last_q = cudaErrorNotReady;
-    for (auto& w : lane_waits) {
-      const cudaEvent_t ev = w->polled_event();
-      const cudaError_t q = ev == last ? last_q : cudaEventQuery(ev);
-      last = ev;
-      last_q = q;
-      if (q != cudaErrorNotReady)
-        done.push_back({std::move(w), q});
-      else if (!full)
-        break;
-    }
-  }
-
-  // 3. Under the lock: drop the finished waits, follow each lane past its
-  //    finished oldest, and decide when to look again.
   const auto now = clock::now();
   {
     std::lock_guard lk(mu_);
-    for (auto& d : done) {
-      for (auto& l : lanes_) {
-        if (l.stream != d.w->polled_stream()) continue;
-        // Finished waits are usually the lane's oldest.
-        if (!l.waits.empty() && l.waits.front() == d.w) {
-          l.waits.pop_front();
-        } else {
-          auto it = std::find(l.waits.begin(), l.waits.end(), d.w);
-          if (it == l.waits.end()) break;  // dropped meanwhile (cancelled)
-          l.waits.erase(it);
+    for (std::size_t k = 0; epoch == clears_ && k < probes.size();) {
+      // The runs of one lane, in order from its front.
+      const cudaStream_t s = probes[k].stream;
+      auto it =
+          std::find_if(lanes_.begin(), lanes_.end(), [&](const lane& l) { return l.stream == s; });
+      std::size_t at = 0, taken = 0;
+      for (; k < probes.size() && probes[k].stream == s; ++k) {
+        const auto& p = probes[k];
+        if (it != lanes_.end() && p.status != cudaErrorNotReady) {
+          for (std::size_t i = at; i < at + p.waits; ++i) {
+            auto& w = it->waits[i];
+            if (p.status == cudaSuccess) {
+              const auto took = now - w->polled_start();
+              // Down at once, up slowly: a completion found late (the thread
+              // woke after the kernel ended) overstates `took`, and an average
+              // would carry that lateness into the next prediction, and so on.
+              if (it->typical == clock::duration::zero() || took < it->typical)
+                it->typical = took;
+              else
+                it->typical += (took - it->typical) / 8;
+            }
+            done.push_back({std::move(w), p.status});
+          }
+          taken += p.waits;
         }
-        --count_;
-        l.last_done = now;
-        if (d.status == cudaSuccess) {
-          const auto took = now - d.w->polled_start();
-          // Down at once, up slowly: a completion found late (the thread
-          // woke after the kernel ended) overstates `took`, and an average
-          // would carry that lateness into the next prediction, and so on.
-          if (l.typical == clock::duration::zero() || took < l.typical)
-            l.typical = took;
-          else
-            l.typical += (took - l.typical) / 8;
-        }
-        break;
+        at += p.waits;
       }
+      if (taken == 0) continue;
+      auto& l = *it;
+      if (taken == at)
+        l.waits.erase(l.waits.begin(), l.waits.begin() + static_cast<std::ptrdiff_t>(at));
+      else  // a full step found a later run done before an earlier one
+        l.waits.erase(std::remove(l.waits.begin(),
+                                  l.waits.begin() + static_cast<std::ptrdiff_t>(at), nullptr),
+                      l.waits.begin() + static_cast<std::ptrdiff_t>(at));
+      count_ -= taken;
+      l.last_done = now;
     }
     bool spin = false;
     clock::duration pause = clock::duration::max();

@@ -12,6 +12,7 @@
 #include <cuda_runtime_api.h>
 
 #include <atomic>
+#include <cstdint>
 #include <chrono>
 #include <deque>
 #include <functional>
@@ -60,9 +61,6 @@ public:
   /// The same for several waits on one stream, under one lock.
   void add_all(std::vector<std::shared_ptr<polled_wait>>& ws);
 
-  /// True while `s` has waits pending here or deferred enqueues: work given
-  /// to defer() then joins a batch instead of launching at once.
-  bool busy(cudaStream_t s) const;
   /// Queues a wait whose work is not enqueued yet (its polled_stream() is
   /// the stream). A drain posted to the executor hands every queued wait of
   /// the stream, in order, to `drain` (one at a time per stream).
@@ -101,6 +99,15 @@ private:
   std::size_t count_ = 0;
   const std::size_t max_batch_;  // deferred enqueues per drain run (one event each)
   bool step_queued_ = false;     // a step is posted (runs soon)
+  std::uint64_t clears_ = 0;     // clear() calls: a step's probes are void after one
+  /// One run of consecutive waits of a lane that share an event (a batch).
+  struct probe {
+    cudaStream_t stream;
+    cudaEvent_t ev;
+    std::size_t waits;
+    cudaError_t status;
+  };
+  std::vector<probe> probes_;                               // a step's scratch, guarded by step_mu_
   clock::time_point timer_due_ = clock::time_point::max();  // earliest armed timer
 };
 

@@ -149,14 +149,23 @@ def summarise(docs, directory):
                          ("work", "io_threads", "coroutines", "ops_per_s",
                           "raw_ceiling_ops_per_s")):
             ops, ceil = num(r["ops_per_s"]), num(r["raw_ceiling_ops_per_s"])
-            throughput.append({
+            row = {
                 "work": r["work"],
                 "io_threads": r["io_threads"],
                 "coroutines": r["coroutines"],
                 "ops_per_s": ops,
                 "raw_ceiling_ops_per_s": ceil,
                 "fraction_of_ceiling": ops / ceil if ops is not None and ceil else None,
-            })
+            }
+            # Paired rounds (atomr-bench-throughput --rounds): the fraction is
+            # the median of the per-round ratios of adjacent windows, not the
+            # ratio of the two sides' separate medians.
+            rounds = r.get("round_ratio")
+            if isinstance(rounds, list) and rounds and num(r.get("ratio")) is not None:
+                row["fraction_of_ceiling"] = num(r["ratio"])
+                row["rounds"] = len(rounds)
+                row["round_fractions"] = rounds
+            throughput.append(row)
     out["throughput"] = throughput
 
     # Large operations.
@@ -363,11 +372,23 @@ def markdown(s):
 
     md += ["**Throughput** (small operations; T = io threads)", ""]
     if s["throughput"]:
-        md += table(["work", "T", "coroutines", "ops/s", "raw ceiling ops/s", "of ceiling"],
+        def pct(x):
+            return "n/a" if x is None else f"{100 * x:.1f}%"
+
+        def spread(r):
+            f = [num(x) for x in r.get("round_fractions", [])]
+            f = [x for x in f if x is not None]
+            return f"{pct(min(f))} .. {pct(max(f))} ({len(f)})" if f else "-"
+
+        md += table(["work", "T", "coroutines", "ops/s", "raw ceiling ops/s", "of ceiling",
+                     "per round: min .. max (rounds)"],
                     [[r["work"], r["io_threads"], r["coroutines"], fmt(r["ops_per_s"]),
-                      fmt(r["raw_ceiling_ops_per_s"]),
-                      "n/a" if r["fraction_of_ceiling"] is None
-                      else f"{100 * r['fraction_of_ceiling']:.1f}%"] for r in s["throughput"]])
+                      fmt(r["raw_ceiling_ops_per_s"]), pct(r["fraction_of_ceiling"]), spread(r)]
+                     for r in s["throughput"]])
+        if any(r.get("rounds") for r in s["throughput"]):
+            md += ["", "Paired rounds: each round is an ours window and the raw window right "
+                   "after it; \"of ceiling\" is the median of the rounds' ratios, ops/s and the "
+                   "ceiling are the medians of each side."]
     else:
         md.append("no throughput results")
     md.append("")

@@ -16,6 +16,8 @@ def main():
     ap.add_argument("--bin", default=None)
     ap.add_argument("--top", type=int, default=40)
     ap.add_argument("--focus", default=None, help="only samples with a frame containing this")
+    ap.add_argument("--callers", default=None,
+                    help="also print who calls the frames containing this (3 frames up)")
     a = ap.parse_args()
     stacks = []
     for line in open(a.samples, errors="replace"):
@@ -84,6 +86,17 @@ def main():
     print("\n== inclusive")
     for k, v in incl.most_common(a.top * 2):
         print(f"{100*v/n:6.1f}%  {k}")
+    if a.callers:
+        calls = collections.Counter()
+        for st in stacks:
+            names = [nm(fr) for fr in st]
+            for i, x in enumerate(names):
+                if a.callers in x:
+                    calls[" <- ".join(names[i + 1:i + 4])] += 1
+                    break
+        print(f"\n== callers of {a.callers}")
+        for k, v in calls.most_common(a.top):
+            print(f"{100*v/n:6.1f}%  {k}")
 
 
 def short(s):

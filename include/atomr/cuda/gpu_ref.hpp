@@ -35,9 +35,7 @@ public:
   /// The generation the allocation was made in (0 for an empty ref).
   std::uint64_t generation() const noexcept { return st_ ? st_->generation : 0; }
   /// Success if usable now; stale_ref otherwise. Never touches the GPU.
-  result<void> check() const {
-    return detail::check_buffer(st_.get(), "gpu_ref<" + std::string(to_string(dtype_of<T>)) + ">");
-  }
+  result<void> check() const { return detail::check_buffer(st_.get(), dtype_of<T>); }
   bool stale() const noexcept { return !check(); }
 
   /// The elements [offset, offset + count) of this view; invalid_argument if out of range.

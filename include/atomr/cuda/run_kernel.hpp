@@ -10,6 +10,8 @@
 #include <boost/asio/awaitable.hpp>
 #include <boost/asio/use_awaitable.hpp>
 
+#include <algorithm>
+#include <array>
 #include <memory>
 #include <optional>
 #include <string_view>
@@ -19,6 +21,46 @@
 #include <vector>
 
 namespace atomr::cuda {
+
+namespace detail {
+/// The buffers one launch has ordered, with whether it writes them. The
+/// first few live inline: an operation touches two to four buffers, and this
+/// list is built on every launch (a growing vector cost up to three mallocs).
+class touch_list {
+public:
+  struct entry {
+    std::shared_ptr<buffer_state> st;
+    bool write = false;
+  };
+  entry* find(const buffer_state* st) noexcept {
+    for (std::size_t i = 0; i < n_; ++i)
+      if (at(i).st.get() == st) return &at(i);
+    return nullptr;
+  }
+  void add(std::shared_ptr<buffer_state> st, bool write) {
+    if (n_ >= k_inline) more_.emplace_back();
+    auto& e = at(n_++);
+    e.st = std::move(st);
+    e.write = write;
+  }
+  template <class F>
+  void for_each(F&& f) {
+    for (std::size_t i = 0; i < n_; ++i) f(at(i));
+  }
+  void clear() noexcept {
+    for (std::size_t i = 0; i < std::min(n_, k_inline); ++i) small_[i].st.reset();
+    more_.clear();
+    n_ = 0;
+  }
+
+private:
+  static constexpr std::size_t k_inline = 4;
+  entry& at(std::size_t i) noexcept { return i < k_inline ? small_[i] : more_[i - k_inline]; }
+  std::array<entry, k_inline> small_{};
+  std::vector<entry> more_;
+  std::size_t n_ = 0;
+};
+}  // namespace detail
 
 /// What an enqueue function gets: the stream to launch on, and ordered
 /// access to buffers. read()/write() validate the ref (stale_ref,
@@ -72,7 +114,7 @@ private:
   stream stream_;
   std::string_view library_;
   bool counted_ = false;
-  std::vector<std::pair<std::shared_ptr<detail::buffer_state>, bool>> touched_;
+  detail::touch_list touched_;
 };
 
 namespace detail {

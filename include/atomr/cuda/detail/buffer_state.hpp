@@ -46,5 +46,8 @@ struct buffer_state {
 /// Success if the buffer may be used now; stale_ref (naming `what`) if it is
 /// from an older generation or its device no longer accepts work.
 result<void> check_buffer(const buffer_state* st, std::string_view what);
+/// The same for a gpu_ref of `t` (named "gpu_ref<t>"); the name is only
+/// built when the check fails (this runs several times per operation).
+result<void> check_buffer(const buffer_state* st, dtype t);
 
 }  // namespace atomr::cuda::detail
