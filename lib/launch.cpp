@@ -8,14 +8,14 @@
 namespace atomr::cuda {
 
 launch::~launch() {
-  if (counted_) --stream_.state()->owner->in_flight;
+  if (counted_) stream_.state()->owner->in_flight.add(-1);
 }
 
 result<void> launch::begin() {
   if (!stream_) return make_error(errc::invalid_argument, "run_kernel: empty stream");
   auto& d = *stream_.state()->owner;
   BOOST_OUTCOME_TRY(d.check_accepting());
-  ++d.in_flight;
+  d.in_flight.add(1);
   counted_ = true;
   return outcome::success();
 }
@@ -100,8 +100,8 @@ gpu_error launch::fail(gpu_error e) {
     if (e.code() != errc::context_poisoned && d.health.load() == health_state::healthy)
       cudaGetLastError();  // a survivable error must not be blamed on the next launch
     if (counted_) {
-      --d.in_flight;
-      ++d.failed;
+      d.in_flight.add(-1);
+      d.failed.add(1);
       counted_ = false;
     }
   }
@@ -111,8 +111,8 @@ gpu_error launch::fail(gpu_error e) {
 void launch::succeed() {
   if (!counted_) return;
   auto& d = *stream_.state()->owner;
-  --d.in_flight;
-  ++d.completed;
+  d.in_flight.add(-1);
+  d.completed.add(1);
   counted_ = false;
 }
 
