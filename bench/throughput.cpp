@@ -125,8 +125,9 @@ struct options {
   double seconds = 1.0;
   std::uint64_t min_ops = 20000;
   unsigned warmup = 2;
-  unsigned rounds = 3;       // paired windows (ours, then raw) per measurement
-  long long max_batch = -1;  // -1: the device's default
+  unsigned rounds = 3;            // paired windows (ours, then raw) per measurement
+  long long max_batch = -1;       // -1: the device's default
+  long long launch_threads = -1;  // -1: the device's default
   int device = 0;
   std::string json;
 };
@@ -163,6 +164,8 @@ void print_usage(std::FILE* to) {
                "                     io_context itself, any thread)\n"
                "  --max-batch N      device_options::max_batch, 1..1048576 (default: the\n"
                "                     library's default)\n"
+               "  --launch-threads N device_options::launch_threads, 0..64 (default: the\n"
+               "                     library's default; 0 = batches run on the io threads)\n"
                "  --seconds S        timed seconds per window, > 0 and <= %.0f (default 1)\n"
                "  --min-ops N        at least N operations per window, 1..%lld\n"
                "                     (default 20000)\n"
@@ -225,9 +228,9 @@ std::optional<int> parse_args(int argc, char** argv, options& o) {
     if (u.rfind("--", 0) == 0) return usage_error("option '" + u + "' needs a value");
     return usage_error("unexpected argument '" + u + "'");
   }
-  static const char* const known[] = {"threads", "coroutines", "work",     "actors", "pin",
-                                      "seconds", "min-ops",    "warmup",   "rounds", "device",
-                                      "json",    "help",       "max-batch"};
+  static const char* const known[] = {
+      "threads", "coroutines", "work",   "actors", "pin",  "seconds",   "min-ops",
+      "warmup",  "rounds",     "device", "json",   "help", "max-batch", "launch-threads"};
   for (const auto& [k, v] : a.kv) {
     bool ok = false;
     for (const char* name : known) ok = ok || k == name;
@@ -274,6 +277,7 @@ std::optional<int> parse_args(int argc, char** argv, options& o) {
   if (auto r = integer("rounds", 1, max_rounds, o.rounds)) return r;
   if (auto r = integer("device", 0, 1 << 20, o.device)) return r;
   if (auto r = integer("max-batch", 1, 1 << 20, o.max_batch)) return r;
+  if (auto r = integer("launch-threads", 0, 64, o.launch_threads)) return r;
   if (a.has("work")) {
     for (const auto& name : split(a.get("work"))) {
       bool found = false;
@@ -737,6 +741,7 @@ public:
   bool start() {
     cuda::device_options dopts;
     if (o_.max_batch > 0) dopts.max_batch = static_cast<std::size_t>(o_.max_batch);
+    if (o_.launch_threads >= 0) dopts.launch_threads = static_cast<std::size_t>(o_.launch_threads);
     auto opened = cuda::device::open(ioc_.get_executor(), o_.device, dopts);
     if (!opened) {
       fail_.add(ctl_.where + ": device::open failed: " + describe(opened.error()));
@@ -1246,6 +1251,11 @@ int run(const options& o, const std::string& command) {
               static_cast<std::int64_t>(
                   o.max_batch > 0 ? o.max_batch
                                   : static_cast<long long>(cuda::device_options{}.max_batch))},
+             {"launch_threads",
+              static_cast<std::int64_t>(
+                  o.launch_threads >= 0
+                      ? o.launch_threads
+                      : static_cast<long long>(cuda::device_options{}.launch_threads))},
              {"ops_per_s", s.ops_per_s},
              {"raw_ceiling_ops_per_s", s.raw_ops_per_s},
              {"ratio", s.ratio},

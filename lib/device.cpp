@@ -83,7 +83,8 @@ device_impl::device_impl(const asio::any_io_executor& ex, int ord, const device_
       ordinal(ord),
       options(o),
       polls(std::make_shared<poll_hub>(
-          ex, [this] { return health.load() == health_state::healthy; }, o.max_batch)),
+          ex, [this] { return health.load() == health_state::healthy; }, o.max_batch,
+          o.launch_threads)),
       strand_(ex),
       monitor_timer_(strand_) {}
 

@@ -4,13 +4,97 @@
 #include <boost/asio/steady_timer.hpp>
 
 #include <algorithm>
+#include <condition_variable>
 
 namespace atomr::cuda::detail {
 
-poll_hub::poll_hub(asio::any_io_executor ex, std::function<bool()> accepting, std::size_t max_batch)
+namespace {
+// A launch thread out of work keeps looking this long before it sleeps:
+// waking a sleeping thread costs 10 to 70 us on the measured host, longer
+// than the gap between two batches of a busy stream.
+constexpr auto k_launcher_spin = std::chrono::microseconds(50);
+
+inline void cpu_relax() noexcept {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  asm volatile("yield");
+#endif
+}
+}  // namespace
+
+/// The lanes a launch thread drains, in the order they asked. Shared by the
+/// hub and the thread: the thread may drop the hub's last reference during a
+/// drain (destroying the hub on that thread) and still needs its queue.
+struct poll_hub::launcher {
+  std::mutex mu;
+  std::condition_variable cv;
+  std::deque<cudaStream_t> ready;      // lanes with a drain due, guarded by mu
+  std::atomic<std::size_t> queued{0};  // ready.size(), read while spinning
+  bool sleeping = false;               // in cv.wait; guarded by mu
+  std::atomic<bool> stop{false};
+  std::thread thread;
+};
+
+poll_hub::poll_hub(asio::any_io_executor ex, std::function<bool()> accepting, std::size_t max_batch,
+                   std::size_t launch_threads)
     : ex_(std::move(ex)),
       accepting_(std::move(accepting)),
-      max_batch_(std::max<std::size_t>(1, max_batch)) {}
+      max_batch_(std::max<std::size_t>(1, max_batch)),
+      launch_threads_(launch_threads),
+      launchers_(launch_threads) {}
+
+poll_hub::~poll_hub() {
+  stop_launchers();
+}
+
+void poll_hub::stop_launchers() {
+  std::vector<std::shared_ptr<launcher>> all;
+  {
+    std::lock_guard lk(mu_);
+    launchers_stopped_ = true;
+    all = launchers_;
+  }
+  for (auto& w : all) {
+    if (!w) continue;
+    {
+      std::lock_guard lk(w->mu);
+      w->stop.store(true);
+    }
+    w->cv.notify_all();
+  }
+  for (auto& w : all) {
+    if (!w || !w->thread.joinable()) continue;
+    // On the launch thread itself (its drain dropped the hub's last
+    // reference) the thread ends on its own: it holds its state and sees `stop`.
+    if (w->thread.get_id() == std::this_thread::get_id())
+      w->thread.detach();
+    else
+      w->thread.join();
+  }
+}
+
+void poll_hub::launcher_loop(const std::shared_ptr<launcher>& me,
+                             const std::weak_ptr<poll_hub>& hub) {
+  for (;;) {
+    const auto until = clock::now() + k_launcher_spin;
+    while (me->queued.load(std::memory_order_acquire) == 0 && !me->stop.load() &&
+           clock::now() < until)
+      cpu_relax();
+    cudaStream_t s = nullptr;
+    {
+      std::unique_lock lk(me->mu);
+      me->sleeping = true;
+      me->cv.wait(lk, [&] { return me->stop.load() || !me->ready.empty(); });
+      me->sleeping = false;
+      if (me->stop.load()) return;  // the lanes are dropped by clear()
+      s = me->ready.front();
+      me->ready.pop_front();
+      me->queued.fetch_sub(1, std::memory_order_relaxed);
+    }
+    if (auto h = hub.lock()) h->run_drain(s);  // may be the hub's last reference
+  }
+}
 
 poll_hub::lane& poll_hub::lane_locked(cudaStream_t s) {
   auto it =
@@ -18,6 +102,7 @@ poll_hub::lane& poll_hub::lane_locked(cudaStream_t s) {
   if (it != lanes_.end()) return *it;
   lane fresh;
   fresh.stream = s;
+  if (launch_threads_ > 0) fresh.launcher = next_launcher_++ % launch_threads_;
   lanes_.push_back(std::move(fresh));
   return lanes_.back();
 }
@@ -52,6 +137,24 @@ void poll_hub::defer(std::shared_ptr<polled_wait> w) {
 
 void poll_hub::post_drain_locked(lane& l) {
   l.draining = true;
+  if (launch_threads_ > 0 && !launchers_stopped_) {
+    // The lane's launch thread runs the drain (and the library calls in
+    // it) while the io threads go on resuming coroutines: docs/design.md.
+    auto& w = launchers_[l.launcher];
+    if (!w) {
+      w = std::make_shared<launcher>();
+      w->thread = std::thread([w = w, hub = weak_from_this()] { launcher_loop(w, hub); });
+    }
+    bool wake = false;
+    {
+      std::lock_guard lk(w->mu);
+      w->ready.push_back(l.stream);
+      w->queued.fetch_add(1, std::memory_order_release);
+      wake = w->sleeping;
+    }
+    if (wake) w->cv.notify_one();
+    return;
+  }
   // post: the drain runs after the handlers already queued, so that every
   // coroutine resumed meanwhile adds its work to the same batch.
   asio::post(ex_, [self = shared_from_this(), s = l.stream] { self->run_drain(s); });
@@ -85,6 +188,7 @@ void poll_hub::run_drain(cudaStream_t s) {
 }
 
 void poll_hub::clear() {
+  stop_launchers();              // first: a running drain takes mu_
   std::lock_guard st(step_mu_);  // never under a step's queries (they use the waits' events)
   std::lock_guard lk(mu_);
   ++clears_;

@@ -18,6 +18,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -53,8 +54,13 @@ class poll_hub : public std::enable_shared_from_this<poll_hub> {
 public:
   using clock = polled_wait::clock;
 
-  /// `accepting` reports whether the device still accepts work.
-  poll_hub(asio::any_io_executor ex, std::function<bool()> accepting, std::size_t max_batch);
+  /// `accepting` reports whether the device still accepts work; batches of
+  /// deferred waits run on up to `launch_threads` threads of the hub (0: on `ex`).
+  poll_hub(asio::any_io_executor ex, std::function<bool()> accepting, std::size_t max_batch,
+           std::size_t launch_threads);
+  ~poll_hub();
+  poll_hub(const poll_hub&) = delete;
+  poll_hub& operator=(const poll_hub&) = delete;
 
   /// Adds a wait whose event is recorded; the poller starts if idle.
   void add(std::shared_ptr<polled_wait> w);
@@ -65,8 +71,12 @@ public:
   /// the stream). A drain posted to the executor hands every queued wait of
   /// the stream, in order, to `drain` (one at a time per stream).
   void defer(std::shared_ptr<polled_wait> w);
-  /// Drops every wait without completing it (context shutdown).
+  /// Drops every wait without completing it and stops the launch threads
+  /// (context shutdown; later batches run on the executor).
   void clear();
+
+  /// A thread that runs the batches of the lanes assigned to it (poll_hub.cpp).
+  struct launcher;
 
 private:
   struct lane {
@@ -79,11 +89,15 @@ private:
     clock::time_point last_done{};                      // when a wait of this lane last finished
     std::deque<std::shared_ptr<polled_wait>> deferred;  // not enqueued yet, in order
     bool draining = false;                              // a drain of this lane is posted or running
+    std::size_t launcher = 0;                           // which launch thread drains it
   };
   lane& lane_locked(cudaStream_t s);
   void add_locked(std::shared_ptr<polled_wait> w);
   void post_drain_locked(lane& l);
   void run_drain(cudaStream_t s);
+  static void launcher_loop(const std::shared_ptr<launcher>& me,
+                            const std::weak_ptr<poll_hub>& hub);
+  void stop_launchers();
   /// `full` (timer steps): query up to 64 waits of each lane even past one
   /// that is not done (a safety net for waits registered in a different
   /// order than their events were recorded).
@@ -98,8 +112,12 @@ private:
   std::vector<lane> lanes_;
   std::size_t count_ = 0;
   const std::size_t max_batch_;  // deferred enqueues per drain run (one event each)
-  bool step_queued_ = false;     // a step is posted (runs soon)
-  std::uint64_t clears_ = 0;     // clear() calls: a step's probes are void after one
+  const std::size_t launch_threads_;
+  std::vector<std::shared_ptr<launcher>> launchers_;  // started when first needed
+  std::size_t next_launcher_ = 0;                     // the next new lane's launcher
+  bool launchers_stopped_ = false;                    // after clear(): drains go to ex_
+  bool step_queued_ = false;                          // a step is posted (runs soon)
+  std::uint64_t clears_ = 0;  // clear() calls: a step's probes are void after one
   /// One run of consecutive waits of a lane that share an event (a batch).
   struct probe {
     cudaStream_t stream;

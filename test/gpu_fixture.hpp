@@ -109,6 +109,9 @@ inline double gemm_rel_error(const std::vector<float>& a, const std::vector<floa
 }
 
 struct gpu_fixture : io_fixture {
+  gpu_fixture() = default;
+  explicit gpu_fixture(const device_options& o)
+      : dev(device::open(ioc.get_executor(), 0, o).value()) {}
   device dev = device::open(ioc.get_executor(), 0).value();
 
   template <element T>

@@ -10,6 +10,7 @@
 #include <boost/asio/detached.hpp>
 #include <boost/asio/experimental/awaitable_operators.hpp>
 
+#include <thread>
 #include <variant>
 
 using namespace atomr::cuda;
@@ -23,6 +24,8 @@ constexpr int long_n = 4096;
 constexpr int long_repeat = 12;  // ~30 ms of FP32 gemm on an H200
 
 struct long_gemm : gpu_fixture {
+  long_gemm() = default;
+  explicit long_gemm(const device_options& o) : gpu_fixture(o) {}
   stream s = dev.acquire_stream(stream_policy::per_actor_fresh).value();
   blas_handle blas{s};
   std::vector<float> av = random_floats(std::size_t{long_n} * long_n, 11);
@@ -218,9 +221,17 @@ asio::awaitable<void> await_into(asio::awaitable<T> op, std::optional<T>& out, i
 }
 }  // namespace
 
-TEST_CASE_FIXTURE(long_gemm,
-                  "work queued behind a busy stream is batched, right, failed alone, or cancelled "
-                  "before it launches") {
+/// Small gemms queued behind a long one on the same stream, a refused
+/// enqueue and a cancelled one, on a device whose batches run on the io
+/// thread (`launch_threads` 0) or on its launch threads.
+struct batched_behind_busy_stream : long_gemm {
+  explicit batched_behind_busy_stream(std::size_t launch_threads)
+      : long_gemm(device_options{.launch_threads = launch_threads}) {}
+  void check();
+};
+
+void batched_behind_busy_stream::check() {
+  const bool on_launch_threads = dev.options().launch_threads > 0;
   constexpr int n = 64;
   constexpr int k = 32;
   const auto nn = std::size_t{n} * n;
@@ -247,6 +258,7 @@ TEST_CASE_FIXTURE(long_gemm,
   std::optional<gemm_result> long_r, cancelled_r;
   std::vector<std::optional<gemm_result>> small(k);
   std::optional<result<int>> refused;
+  std::thread::id refused_on{};
   int pending = k + 3;
   asio::co_spawn(
       ioc,
@@ -259,7 +271,8 @@ TEST_CASE_FIXTURE(long_gemm,
         asio::detached);
   asio::co_spawn(ioc,
                  await_into(run_kernel("test", s, event_poll{}, 7,
-                                       [](launch&) -> result<int> {
+                                       [&](launch&) -> result<int> {
+                                         refused_on = std::this_thread::get_id();
                                          return make_error(errc::invalid_argument,
                                                            "refused by the test");
                                        }),
@@ -270,7 +283,8 @@ TEST_CASE_FIXTURE(long_gemm,
                  await_into(sgemm(blas, s, event_poll{}, sa[0], sb[0], c_cancel, n), cancelled_r,
                             pending, ioc),
                  asio::bind_cancellation_slot(sig.slot(), asio::detached));
-  // Runs after every coroutine above has queued its work, before the drain.
+  // Runs after every coroutine above has queued its work: before the drain
+  // when it is posted to this io_context; a launch thread may be faster.
   asio::post(ioc, [&] { sig.emit(asio::cancellation_type::terminal); });
   ioc.restart();
   ioc.run_for(limit);
@@ -289,19 +303,43 @@ TEST_CASE_FIXTURE(long_gemm,
   REQUIRE_FALSE(*refused);
   CHECK(refused->error().code() == errc::invalid_argument);
   CHECK(refused->error().message().find("refused by the test") != std::string::npos);
+  // The queued enqueues ran where the device's batches run: on this (the
+  // only io) thread, or on a launch thread.
+  CHECK((refused_on == std::this_thread::get_id()) == !on_launch_threads);
   REQUIRE(cancelled_r);
   REQUIRE_FALSE(*cancelled_r);
   CHECK(cancelled_r->error().code() == errc::cancelled);
-  // Cancelled while queued: never launched, so its output is still all NaN.
   REQUIRE(cudaStreamSynchronize(s.native_handle()) == cudaSuccess);
-  for (float v : download_floats(c_cancel)) REQUIRE(std::isnan(v));
+  const auto cancelled_out = download_floats(c_cancel);
+  const bool launched = !std::isnan(cancelled_out[0]);
+  if (!on_launch_threads) {
+    // Cancelled while queued: never launched, so its output is still all NaN.
+    CHECK_FALSE(launched);
+    for (float v : cancelled_out) REQUIRE(std::isnan(v));
+  } else if (launched) {
+    // The launch thread had enqueued it: the wait ended, the gemm ran whole.
+    CHECK(gemm_rel_error(sav[0], sbv[0], cancelled_out, n) < 1e-5);
+  }
 
   const auto after = dev.statistics();
-  CHECK(after.ops_batched - before.ops_batched == static_cast<std::uint64_t>(k));
+  CHECK(after.ops_batched - before.ops_batched ==
+        static_cast<std::uint64_t>(k + (launched ? 1 : 0)));
   CHECK(after.batches - before.batches >= 1);
   CHECK(after.batches - before.batches <= static_cast<std::uint64_t>(k));
   CHECK(after.parked == 0);
   CHECK(after.ops_in_flight == 0);
+}
+
+TEST_CASE(
+    "work queued behind a busy stream is batched, right, failed alone, or cancelled before "
+    "it launches (batches on the io thread)") {
+  batched_behind_busy_stream(0).check();
+}
+
+TEST_CASE(
+    "work queued behind a busy stream is batched on a launch thread, right, failed alone, "
+    "or cancelled") {
+  batched_behind_busy_stream(2).check();
 }
 
 // A blocking_sync wait that timed out is still in the device's worker thread
@@ -369,5 +407,47 @@ TEST_CASE("dropping device and io_context while a blocking_sync wait is still pe
     REQUIRE(ok);
     REQUIRE(*ok);
     CHECK(ok->value() == 7);
+  }
+}
+
+// The io_context is destroyed while a launch thread may be enqueuing a busy
+// stream's queue (the coroutines are suspended, their frames hold the
+// enqueues): teardown stops the launch threads before it drops the queued
+// work, nothing crashes or hangs, and a device opened afterwards works.
+TEST_CASE("dropping the io_context while launch threads drain a busy stream") {
+  constexpr std::int64_t big = 8192, small = 64;  // ~20 ms, then 64 small ones
+  for (int round = 0; round < 3; ++round) {
+    CAPTURE(round);
+    std::uint64_t in_flight = 0;
+    {
+      asio::io_context ioc;
+      auto dev = device::open(ioc.get_executor(), 0, device_options{.launch_threads = 2});
+      REQUIRE(dev);
+      auto blas = blas_actor::create(dev.value());
+      REQUIRE(blas);
+      auto a = dev.value().allocate<float>(big * big).value();
+      auto c = dev.value().allocate<float>(big * big).value();
+      const gemm_params pb{.m = big, .n = big, .k = big, .lda = big, .ldb = big, .ldc = big};
+      const gemm_params ps{
+          .m = small, .n = small, .k = small, .lda = small, .ldb = small, .ldc = small};
+      std::vector<gpu_ref<float>> outs;
+      for (int i = 0; i < 64; ++i)
+        outs.push_back(dev.value().allocate<float>(small * small).value());
+      // Parameters, not captures: they live in the coroutine frame.
+      auto gemm = [](blas_actor b, gemm_params p, gpu_ref<float> x,
+                     gpu_ref<float> y) -> asio::awaitable<void> {
+        (void)co_await b.gemm(p, x, x, y);
+      };
+      asio::co_spawn(ioc, gemm(blas.value(), pb, a, c), asio::detached);
+      for (auto& o : outs) asio::co_spawn(ioc, gemm(blas.value(), ps, a, o), asio::detached);
+      ioc.run_for(2ms);
+      in_flight = dev.value().statistics().ops_in_flight;
+    }
+    CHECK(in_flight > 0);  // something was still queued or running at teardown
+    asio::io_context ioc2;
+    auto again = device::open(ioc2.get_executor(), 0);
+    REQUIRE(again);
+    CHECK(again.value().health() == health_state::healthy);
+    CHECK(again.value().statistics().ops_in_flight == 0);  // a fresh device
   }
 }

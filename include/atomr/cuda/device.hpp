@@ -49,6 +49,13 @@ struct device_options {
   /// batches cost fewer events; smaller ones let completions be found while
   /// the GPU still runs the batch's later work.
   std::size_t max_batch = 128;
+  /// event_poll: threads of this device that run busy streams' batches (the
+  /// queued enqueues), so that an io thread resumes coroutines and finds
+  /// completions while another thread makes the library calls
+  /// (docs/design.md, "launch threads"). A stream is served by one of them,
+  /// assigned in turn; they start when first needed, spin briefly when out of
+  /// work, then sleep. 0: batches run on the device's executor (an io thread).
+  std::size_t launch_threads = 8;
 };
 
 /// The device's health. Moves only forward: healthy -> poisoned or stopped.

@@ -171,8 +171,12 @@ auto call_enqueue(F& f, launch& l) {
 
 /// Validates, enqueues and awaits one GPU operation; yields `output` on success.
 ///
-/// `enqueue(launch&)` runs synchronously on the calling thread and returns the
-/// keep-alive (input refs, descriptors, workspace...) or a result of it; a
+/// `enqueue(launch&)` runs once, before the coroutine resumes: on the calling
+/// thread, or, when the stream is busy with event_poll work, in the stream's
+/// batch on a launch thread of the device (device_options::launch_threads)
+/// or an io thread, while this coroutine is suspended; so it must not assume
+/// which thread runs it. It returns the keep-alive (input refs, descriptors,
+/// workspace...) or a result of it; a
 /// pre-launch error it returns comes back without any further GPU call. The
 /// keep-alive lives in this coroutine's frame until the work finishes; if
 /// the wait ends early (timeout, cancellation) it is parked with the device
