@@ -234,7 +234,8 @@ public:
         if (auto op = w.lock()) static_cast<queued_op*>(op.get())->cancel();
       });
     }
-    dev_->polls->defer(std::static_pointer_cast<queued_op>(shared_from_this()));
+    dev_->polls->defer(std::static_pointer_cast<queued_op>(shared_from_this()),
+                       stream_.state()->batch_queue);
   }
 
   /// Drain: runs the enqueue unless the op was cancelled first; false when

@@ -5,6 +5,8 @@
 #include <atomr/cuda/device.hpp>
 #include <atomr/cuda/stream.hpp>
 
+#include "poll_hub.hpp"
+
 #include <boost/asio/steady_timer.hpp>
 #include <boost/asio/strand.hpp>
 
@@ -24,8 +26,8 @@ namespace atomr::cuda::detail {
 using clock = std::chrono::steady_clock;
 
 struct stream_state {
-  stream_state(std::shared_ptr<device_impl> d, cudaStream_t s, std::uint64_t i) noexcept
-      : dev(std::move(d)), native(s), id(i) {}
+  stream_state(std::shared_ptr<device_impl> d, cudaStream_t s, std::uint64_t i)
+      : dev(std::move(d)), native(s), id(i), batch_queue(std::make_shared<deferred_queue>(s)) {}
   stream_state(const stream_state&) = delete;
   stream_state& operator=(const stream_state&) = delete;
   ~stream_state();
@@ -39,6 +41,8 @@ struct stream_state {
   /// batch. An atomic here, not a look into the hub under its lock: every
   /// operation asks, from every io thread.
   std::atomic<std::uint32_t> polled{0};
+  /// Operations waiting for this stream's next batch (poll_hub::defer).
+  const std::shared_ptr<deferred_queue> batch_queue;
 };
 
 /// A wait that the device's monitor must watch: for deadlines, for a fault

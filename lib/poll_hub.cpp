@@ -23,15 +23,15 @@ inline void cpu_relax() noexcept {
 }
 }  // namespace
 
-/// The lanes a launch thread drains, in the order they asked. Shared by the
+/// The stream queues a launch thread drains, in the order they asked. Shared by the
 /// hub and the thread: the thread may drop the hub's last reference during a
 /// drain (destroying the hub on that thread) and still needs its queue.
 struct poll_hub::launcher {
   std::mutex mu;
   std::condition_variable cv;
-  std::deque<cudaStream_t> ready;      // lanes with a drain due, guarded by mu
-  std::atomic<std::size_t> queued{0};  // ready.size(), read while spinning
-  bool sleeping = false;               // in cv.wait; guarded by mu
+  std::deque<std::shared_ptr<deferred_queue>> ready;  // a drain due; guarded by mu
+  std::atomic<std::size_t> queued{0};                 // ready.size(), read while spinning
+  bool sleeping = false;                              // in cv.wait; guarded by mu
   std::atomic<bool> stop{false};
   std::thread thread;
 };
@@ -52,7 +52,7 @@ void poll_hub::stop_launchers() {
   std::vector<std::shared_ptr<launcher>> all;
   {
     std::lock_guard lk(mu_);
-    launchers_stopped_ = true;
+    launchers_stopped_.store(true);
     all = launchers_;
   }
   for (auto& w : all) {
@@ -81,18 +81,18 @@ void poll_hub::launcher_loop(const std::shared_ptr<launcher>& me,
     while (me->queued.load(std::memory_order_acquire) == 0 && !me->stop.load() &&
            clock::now() < until)
       cpu_relax();
-    cudaStream_t s = nullptr;
+    std::shared_ptr<deferred_queue> q;
     {
       std::unique_lock lk(me->mu);
       me->sleeping = true;
       me->cv.wait(lk, [&] { return me->stop.load() || !me->ready.empty(); });
       me->sleeping = false;
-      if (me->stop.load()) return;  // the lanes are dropped by clear()
-      s = me->ready.front();
+      if (me->stop.load()) return;  // the queued work is dropped by clear()
+      q = std::move(me->ready.front());
       me->ready.pop_front();
       me->queued.fetch_sub(1, std::memory_order_relaxed);
     }
-    if (auto h = hub.lock()) h->run_drain(s);  // may be the hub's last reference
+    if (auto h = hub.lock()) h->run_drain(q);  // may be the hub's last reference
   }
 }
 
@@ -102,7 +102,6 @@ poll_hub::lane& poll_hub::lane_locked(cudaStream_t s) {
   if (it != lanes_.end()) return *it;
   lane fresh;
   fresh.stream = s;
-  if (launch_threads_ > 0) fresh.launcher = next_launcher_++ % launch_threads_;
   lanes_.push_back(std::move(fresh));
   return lanes_.back();
 }
@@ -128,71 +127,105 @@ void poll_hub::add_all(std::vector<std::shared_ptr<polled_wait>>& ws) {
   schedule_locked(true, clock::duration::zero());
 }
 
-void poll_hub::defer(std::shared_ptr<polled_wait> w) {
+void poll_hub::register_queue(const std::shared_ptr<deferred_queue>& q) {
   std::lock_guard lk(mu_);
-  auto& l = lane_locked(w->polled_stream());
-  l.deferred.push_back(std::move(w));
-  if (!l.draining) post_drain_locked(l);
-}
-
-void poll_hub::post_drain_locked(lane& l) {
-  l.draining = true;
-  if (launch_threads_ > 0 && !launchers_stopped_) {
-    // The lane's launch thread runs the drain (and the library calls in
-    // it) while the io threads go on resuming coroutines: docs/design.md.
-    auto& w = launchers_[l.launcher];
-    if (!w) {
+  if (q->registered.load()) return;
+  if (launch_threads_ > 0) {
+    q->launcher = next_launcher_++ % launch_threads_;
+    auto& w = launchers_[q->launcher];
+    if (!w && !launchers_stopped_.load()) {
       w = std::make_shared<launcher>();
       w->thread = std::thread([w = w, hub = weak_from_this()] { launcher_loop(w, hub); });
     }
-    bool wake = false;
-    {
-      std::lock_guard lk(w->mu);
-      w->ready.push_back(l.stream);
-      w->queued.fetch_add(1, std::memory_order_release);
-      wake = w->sleeping;
+  }
+  if (queues_.size() >= 64) std::erase_if(queues_, [](const auto& x) { return x.expired(); });
+  queues_.push_back(q);
+  q->registered.store(true, std::memory_order_release);
+}
+
+void poll_hub::defer(std::shared_ptr<polled_wait> w, const std::shared_ptr<deferred_queue>& q) {
+  if (!q->registered.load(std::memory_order_acquire)) register_queue(q);
+  bool post = false;
+  {
+    std::lock_guard lk(q->mu);
+    q->items.push_back(std::move(w));
+    post = !std::exchange(q->draining, true);
+  }
+  if (post) post_drain(q);
+}
+
+void poll_hub::post_drain(const std::shared_ptr<deferred_queue>& q) {
+  if (launch_threads_ > 0 && !launchers_stopped_.load()) {
+    // The stream's launch thread runs the drain (and the library calls in
+    // it) while the io threads go on resuming coroutines: docs/design.md.
+    // Its slot was filled before the queue was marked registered.
+    if (const auto& w = launchers_[q->launcher]) {
+      bool wake = false;
+      {
+        std::lock_guard lk(w->mu);
+        w->ready.push_back(q);
+        w->queued.fetch_add(1, std::memory_order_release);
+        wake = w->sleeping;
+      }
+      if (wake) w->cv.notify_one();
+      return;
     }
-    if (wake) w->cv.notify_one();
-    return;
   }
   // post: the drain runs after the handlers already queued, so that every
   // coroutine resumed meanwhile adds its work to the same batch.
-  asio::post(ex_, [self = shared_from_this(), s = l.stream] { self->run_drain(s); });
+  asio::post(ex_, [self = shared_from_this(), q] { self->run_drain(q); });
 }
 
-void poll_hub::run_drain(cudaStream_t s) {
+void poll_hub::run_drain(const std::shared_ptr<deferred_queue>& q) {
   std::vector<std::shared_ptr<polled_wait>> batch;
   {
-    std::lock_guard lk(mu_);
-    auto& l = lane_locked(s);
-    // At most max_batch_ ops per run, then the drain is posted again: one
+    std::lock_guard lk(q->mu);
+    // At most max_batch_ ops per run, then the drain is due again: one
     // event per max_batch_ ops lets the hub find the first ones done (and their
     // coroutines submit more) while the GPU still runs the later ones. With
     // one event per whole queue, nothing could resume before the queue's
     // last op finished, and the GPU had nothing to run while they did (the
     // profile showed the launch path on the floor, yet 78% of raw).
-    const auto n = std::min(l.deferred.size(), max_batch_);
-    batch.assign(std::make_move_iterator(l.deferred.begin()),
-                 std::make_move_iterator(l.deferred.begin() + static_cast<std::ptrdiff_t>(n)));
-    l.deferred.erase(l.deferred.begin(), l.deferred.begin() + static_cast<std::ptrdiff_t>(n));
+    const auto n = std::min(q->items.size(), max_batch_);
+    batch.assign(std::make_move_iterator(q->items.begin()),
+                 std::make_move_iterator(q->items.begin() + static_cast<std::ptrdiff_t>(n)));
+    q->items.erase(q->items.begin(), q->items.begin() + static_cast<std::ptrdiff_t>(n));
   }
   // `draining` stays set while the batch is enqueued, so work submitted
   // meanwhile (other io threads) queues behind it instead of racing it.
   if (!batch.empty()) drain_deferred(batch);
-  std::lock_guard lk(mu_);
-  auto& l = lane_locked(s);
-  if (!l.deferred.empty())
-    post_drain_locked(l);
-  else
-    l.draining = false;
+  bool again = false;
+  {
+    std::lock_guard lk(q->mu);
+    again = !q->items.empty();
+    if (!again) q->draining = false;
+  }
+  if (again) post_drain(q);
+}
+
+std::vector<std::shared_ptr<polled_wait>> poll_hub::take_deferred() {
+  std::vector<std::shared_ptr<deferred_queue>> qs;
+  {
+    std::lock_guard lk(mu_);
+    for (auto& w : queues_)
+      if (auto q = w.lock()) qs.push_back(std::move(q));
+  }
+  std::vector<std::shared_ptr<polled_wait>> out;
+  for (auto& q : qs) {
+    std::lock_guard lk(q->mu);
+    for (auto& w : q->items) out.push_back(std::move(w));
+    q->items.clear();
+  }
+  return out;  // `draining` stays as it is: a running drain clears it
 }
 
 void poll_hub::clear() {
-  stop_launchers();              // first: a running drain takes mu_
+  stop_launchers();  // first: a running drain takes the locks below
+  std::vector<std::shared_ptr<polled_wait>> dropped = take_deferred();
   std::lock_guard st(step_mu_);  // never under a step's queries (they use the waits' events)
   std::lock_guard lk(mu_);
   ++clears_;
-  lanes_.clear();  // deferred work is dropped with its handlers (shutdown)
+  lanes_.clear();  // waits are dropped with their handlers (shutdown)
   count_ = 0;
 }
 
@@ -268,10 +301,11 @@ void poll_hub::step(bool full) {
     std::lock_guard lk(mu_);
     if (count_ == 0) return;
     if (!accepting_()) {
+      // Queued work (not enqueued yet) is failed by its drain, which is due:
+      // each enqueue checks the device first.
       for (auto& l : lanes_) {
         for (auto& w : l.waits)
           if (!w->polled_done()) rejected.push_back(w);
-        for (auto& w : l.deferred) rejected.push_back(w);  // never enqueued
       }
       lanes_.clear();
       count_ = 0;
@@ -377,9 +411,7 @@ void poll_hub::step(bool full) {
       }
     }
     if (lanes_.size() > k_idle_lanes)
-      std::erase_if(lanes_, [](const lane& l) {
-        return l.waits.empty() && l.deferred.empty() && !l.draining;
-      });
+      std::erase_if(lanes_, [](const lane& l) { return l.waits.empty(); });
     if (count_ > 0)
       schedule_locked(spin, std::clamp<clock::duration>(pause, clock::duration::zero(),
                                                         std::chrono::seconds(1)));

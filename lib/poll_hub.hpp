@@ -50,6 +50,21 @@ public:
 /// one event after them and adds them to the hub (completion.cpp).
 void drain_deferred(std::vector<std::shared_ptr<polled_wait>>& batch);
 
+/// A stream's operations that wait for its next batch (not enqueued yet),
+/// with a lock of its own: every batched operation adds to it, from every io
+/// thread, and the hub's lock (taken by every poll step) stayed out of that
+/// path. Owned by the stream (stream_state::batch_queue).
+struct deferred_queue {
+  explicit deferred_queue(cudaStream_t s) : stream(s) {}
+  const cudaStream_t stream;
+  std::mutex mu;
+  std::deque<std::shared_ptr<polled_wait>> items;  // in submission order; guarded by mu
+  bool draining = false;                           // a drain is due or running; guarded by mu
+  /// Known to the hub (set once, under the hub's lock, with `launcher`).
+  std::atomic<bool> registered{false};
+  std::size_t launcher = 0;  // which launch thread drains it
+};
+
 class poll_hub : public std::enable_shared_from_this<poll_hub> {
 public:
   using clock = polled_wait::clock;
@@ -67,10 +82,10 @@ public:
   /// The same for several waits on one stream, under one lock.
   void add_all(std::vector<std::shared_ptr<polled_wait>>& ws);
 
-  /// Queues a wait whose work is not enqueued yet (its polled_stream() is
-  /// the stream). A drain posted to the executor hands every queued wait of
-  /// the stream, in order, to `drain` (one at a time per stream).
-  void defer(std::shared_ptr<polled_wait> w);
+  /// Queues a wait whose work is not enqueued yet on its stream's queue `q`.
+  /// A drain (on a launch thread, or posted to the executor) hands the queued
+  /// waits, in order, to drain_deferred (one drain at a time per stream).
+  void defer(std::shared_ptr<polled_wait> w, const std::shared_ptr<deferred_queue>& q);
   /// Drops every wait without completing it and stops the launch threads
   /// (context shutdown; later batches run on the executor).
   void clear();
@@ -86,15 +101,15 @@ private:
     /// past the spin budget the poller sleeps until just before that and
     /// spins across it, instead of waking on its backoff timer.
     clock::duration typical{};
-    clock::time_point last_done{};                      // when a wait of this lane last finished
-    std::deque<std::shared_ptr<polled_wait>> deferred;  // not enqueued yet, in order
-    bool draining = false;                              // a drain of this lane is posted or running
-    std::size_t launcher = 0;                           // which launch thread drains it
+    clock::time_point last_done{};  // when a wait of this lane last finished
   };
   lane& lane_locked(cudaStream_t s);
   void add_locked(std::shared_ptr<polled_wait> w);
-  void post_drain_locked(lane& l);
-  void run_drain(cudaStream_t s);
+  void register_queue(const std::shared_ptr<deferred_queue>& q);
+  void post_drain(const std::shared_ptr<deferred_queue>& q);
+  void run_drain(const std::shared_ptr<deferred_queue>& q);
+  /// Takes every queued wait out of every stream's queue (rejection, clear()).
+  std::vector<std::shared_ptr<polled_wait>> take_deferred();
   static void launcher_loop(const std::shared_ptr<launcher>& me,
                             const std::weak_ptr<poll_hub>& hub);
   void stop_launchers();
@@ -113,10 +128,13 @@ private:
   std::size_t count_ = 0;
   const std::size_t max_batch_;  // deferred enqueues per drain run (one event each)
   const std::size_t launch_threads_;
-  std::vector<std::shared_ptr<launcher>> launchers_;  // started when first needed
-  std::size_t next_launcher_ = 0;                     // the next new lane's launcher
-  bool launchers_stopped_ = false;                    // after clear(): drains go to ex_
-  bool step_queued_ = false;                          // a step is posted (runs soon)
+  /// Started with the first queue assigned to them (under mu_, before the
+  /// queue's `registered` is set: a drain reads its slot after that).
+  std::vector<std::shared_ptr<launcher>> launchers_;
+  std::size_t next_launcher_ = 0;                      // the next new queue's launcher
+  std::atomic<bool> launchers_stopped_{false};         // after clear(): drains go to ex_
+  std::vector<std::weak_ptr<deferred_queue>> queues_;  // registered; guarded by mu_
+  bool step_queued_ = false;                           // a step is posted (runs soon)
   std::uint64_t clears_ = 0;  // clear() calls: a step's probes are void after one
   /// One run of consecutive waits of a lane that share an event (a batch).
   struct probe {
