@@ -181,7 +181,7 @@ def summarise(docs, directory):
             v = num(r["torch_ops_per_s"])
             key = (r["work"], r.get("style", "tuned"))
             if v is not None and (key not in by_style or v > by_style[key][0]):
-                by_style[key] = (v, r.get("streams"))
+                by_style[key] = (v, r.get("streams"), num(r.get("cpu_us_per_op")))
         works = []
         for (work, _style) in by_style:
             if work not in works:
@@ -189,10 +189,14 @@ def summarise(docs, directory):
         for work in works:
             idiomatic = by_style.get((work, "idiomatic"))
             tuned = by_style.get((work, "tuned"))
-            torch, streams = idiomatic or tuned
+            torch, streams, torch_cpu = idiomatic or tuned
             ours = [t for t in throughput + multi
                     if t["work"] == work and t["io_threads"] == 1 and t["ops_per_s"] is not None]
             best = max(ours, key=lambda t: t["ops_per_s"]) if ours else None
+            # One actor (one stream, so at most one launch thread) as well: the
+            # best row may use one launch thread per actor besides the io thread.
+            single = [t for t in ours if t.get("actors") in (None, 1)]
+            one = max(single, key=lambda t: t["ops_per_s"]) if single else None
             if best is None:
                 note(f"peer {work}: no throughput result at io_threads == 1 to compare with")
             peer.append({
@@ -205,7 +209,12 @@ def summarise(docs, directory):
                 "ratio_vs_tuned": best["ops_per_s"] / tuned[0] if best and tuned else None,
                 "ours_coroutines": best["coroutines"] if best else None,
                 "ours_streams": best.get("actors") if best else None,
+                "ours_launch_threads": best.get("launch_threads") if best else None,
+                "ours_cpu_us_per_op": best.get("cpu_us_per_op") if best else None,
                 "torch_streams": streams,
+                "torch_cpu_us_per_op": torch_cpu,
+                "ours_one_actor_ops_per_s": one["ops_per_s"] if one else None,
+                "ratio_one_actor": one["ops_per_s"] / torch if one and torch else None,
             })
     out["peer"] = peer
 
@@ -237,6 +246,10 @@ def throughput_rows(docs, key, path):
             "io_threads": r["io_threads"],
             "coroutines": r["coroutines"],
             "actors": r.get("actors"),
+            # Library threads that ran the batches' library calls besides the
+            # io threads (device_options::launch_threads; absent before it).
+            "launch_threads": r.get("launch_threads"),
+            "cpu_us_per_op": num(r.get("cpu_us_per_op")),
             "ops_per_s": ops,
             "raw_ceiling_ops_per_s": ceil,
             "fraction_of_ceiling": ops / ceil if ops is not None and ceil else None,
@@ -433,13 +446,19 @@ def markdown(s):
 
     md += ["**Against PyTorch** (ours at T = 1, best of one actor and one actor per torch "
            "stream; torch on 8 streams from one Python thread, as users write it "
-           "(idiomatic) and with preallocated outputs (tuned))", ""]
+           "(idiomatic) and with preallocated outputs (tuned). With launch threads, "
+           "each busy actor's library calls run on a library thread besides the one io "
+           "thread: CPU per operation is the whole process's, both sides)", ""]
     if s["peer"]:
-        md += table(["work", "ours streams", "ours ops/s", "torch ops/s (idiomatic)",
-                     "ours/torch", "torch ops/s (tuned)", "ours/tuned"],
-                    [[r["work"], r.get("ours_streams"), fmt(r["ours_ops_per_s"]),
-                      fmt(r["torch_ops_per_s"]),
-                      fmt(r["ratio"]), fmt(r.get("torch_tuned_ops_per_s")),
+        md += table(["work", "ours streams (launch threads)", "ours ops/s",
+                     "torch ops/s (idiomatic)", "ours/torch", "one actor: ours/torch",
+                     "ours CPU us/op", "torch CPU us/op", "torch ops/s (tuned)",
+                     "ours/tuned"],
+                    [[r["work"],
+                      f'{r.get("ours_streams")} ({r.get("ours_launch_threads", "-")})',
+                      fmt(r["ours_ops_per_s"]), fmt(r["torch_ops_per_s"]), fmt(r["ratio"]),
+                      fmt(r.get("ratio_one_actor")), fmt(r.get("ours_cpu_us_per_op")),
+                      fmt(r.get("torch_cpu_us_per_op")), fmt(r.get("torch_tuned_ops_per_s")),
                       fmt(r.get("ratio_vs_tuned"))] for r in s["peer"]])
     else:
         md.append("no peer results")
