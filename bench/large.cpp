@@ -304,14 +304,26 @@ struct check {
 };
 
 /// One row of the results.
+/// GPU time and enqueue time of each side (gpu_spans), milliseconds.
+struct spans {
+  bench::stats lib_gpu, raw_gpu, lib_enqueue, raw_enqueue;
+};
+
 struct row {
   std::string work;
   bench::stats lib, raw;          // milliseconds, wall time
   bench::stats lib_gpu, raw_gpu;  // milliseconds, GPU time (gpu_spans)
+  bench::stats lib_enqueue, raw_enqueue;  // milliseconds, host time of the enqueue (gpu_spans)
   int reps = 0;
   std::string raw_call;
   check chk;
   bench::json details = bench::json::object({});
+  void set_spans(const spans& g) {
+    lib_gpu = g.lib_gpu;
+    raw_gpu = g.raw_gpu;
+    lib_enqueue = g.lib_enqueue;
+    raw_enqueue = g.raw_enqueue;
+  }
 };
 
 /// A number, or null when it is not finite (JSON has no NaN or infinity).
@@ -335,6 +347,8 @@ bench::json to_json(const row& r) {
       {"raw_mean_ms", r.raw.mean},
       {"lib_gpu_ms", r.lib_gpu.median},
       {"raw_gpu_ms", r.raw_gpu.median},
+      {"lib_enqueue_us", r.lib_enqueue.median * 1e3},
+      {"raw_enqueue_us", r.raw_enqueue.median * 1e3},
       {"raw_call", r.raw_call},
       {"check", bench::json::object({{"ok", r.chk.ok},
                                      {"what", r.chk.what},
@@ -401,17 +415,19 @@ struct timing_event : scoped<cudaEvent_t, cudaEventDestroy> {
   }
 };
 
-/// GPU time of each side, without host time: cudaEventElapsedTime between
+/// GPU time of each side, without completion: cudaEventElapsedTime between
 /// events recorded on the side's stream just before its enqueue and just
-/// after it (for the library, from a coroutine that runs once the operation
-/// has enqueued and suspended). Same warm-up, reps and ABBA order as
-/// interleave(). A gap here is the GPU's (different kernels or plans); a gap
-/// only in interleave() is host time (checks, launch path, completion).
+/// after it (for the library, e0 from the coroutine that then awaits the
+/// operation, e1 from one that runs once the operation has enqueued and
+/// suspended). Same warm-up, reps and ABBA order as interleave(). A gap here
+/// is the GPU's (different kernels or plans) or host time before the launch
+/// (the GPU idles from e0 until the work arrives); a gap only in
+/// interleave() is the completion's. The enqueue times are the host time
+/// from e0's record to e1's (for the library: its checks and launch path,
+/// and one turn of the io_context).
 template <class Lib, class Raw>
-asio::awaitable<result<std::pair<bench::stats, bench::stats>>> gpu_spans(const config& cfg, Lib lib,
-                                                                         cudaStream_t lib_stream,
-                                                                         Raw raw,
-                                                                         const raw_stream& rs) {
+asio::awaitable<result<spans>> gpu_spans(const config& cfg, Lib lib, cudaStream_t lib_stream,
+                                         Raw raw, const raw_stream& rs) {
   timing_event e0, e1;
   BOOST_OUTCOME_CO_TRY(e0.create());
   BOOST_OUTCOME_CO_TRY(e1.create());
@@ -422,20 +438,25 @@ asio::awaitable<result<std::pair<bench::stats, bench::stats>>> gpu_spans(const c
     BOOST_OUTCOME_TRY(cuda_ok(cudaEventElapsedTime(&ms, e0.h, e1.h), "cudaEventElapsedTime"));
     return static_cast<double>(ms);
   };
-  std::vector<double> lib_ms, raw_ms;
+  std::vector<double> lib_ms, raw_ms, lib_host, raw_host;
   for (int i = 0; i < cfg.warmup + cfg.reps; ++i) {
     const bool timed = i >= cfg.warmup;
     for (int side = 0; side < 2; ++side) {
       const bool run_lib = (side == 0) == (i % 2 == 0);
+      double t0 = 0;
       if (run_lib) {
-        BOOST_OUTCOME_CO_TRY(cuda_ok(cudaEventRecord(e0.h, lib_stream), "cudaEventRecord"));
         bool finished = false;
         std::optional<cuda::gpu_error> failed;
         asio::co_spawn(
             ex,
             [&]() -> asio::awaitable<void> {
-              auto r = co_await lib();
-              if (!r) failed = r.error();
+              t0 = bench::now_us();
+              if (auto rec = cuda_ok(cudaEventRecord(e0.h, lib_stream), "cudaEventRecord"); !rec) {
+                failed = rec.error();
+              } else {
+                auto r = co_await lib();
+                if (!r) failed = r.error();
+              }
               finished = true;
             },
             asio::detached);
@@ -443,18 +464,23 @@ asio::awaitable<result<std::pair<bench::stats, bench::stats>>> gpu_spans(const c
         // its work and waits, so e1 follows that work in stream order.
         co_await asio::post(ex, asio::use_awaitable);
         BOOST_OUTCOME_CO_TRY(cuda_ok(cudaEventRecord(e1.h, lib_stream), "cudaEventRecord"));
+        const double dt = bench::now_us() - t0;
         while (!finished) co_await asio::post(ex, asio::use_awaitable);
         if (failed) co_return *failed;
+        if (timed) lib_host.push_back(dt / 1e3);
       } else {
+        t0 = bench::now_us();
         BOOST_OUTCOME_CO_TRY(cuda_ok(cudaEventRecord(e0.h, rs.h), "cudaEventRecord"));
         BOOST_OUTCOME_CO_TRY(raw());
         BOOST_OUTCOME_CO_TRY(cuda_ok(cudaEventRecord(e1.h, rs.h), "cudaEventRecord"));
+        if (timed) raw_host.push_back((bench::now_us() - t0) / 1e3);
       }
       BOOST_OUTCOME_CO_TRY(auto ms, span_ms());
       if (timed) (run_lib ? lib_ms : raw_ms).push_back(ms);
     }
   }
-  co_return std::pair{bench::summarize(std::move(lib_ms)), bench::summarize(std::move(raw_ms))};
+  co_return spans{bench::summarize(std::move(lib_ms)), bench::summarize(std::move(raw_ms)),
+                  bench::summarize(std::move(lib_host)), bench::summarize(std::move(raw_host))};
 }
 
 /// A device buffer of `n` elements.
@@ -554,8 +580,7 @@ asio::awaitable<result<void>> run_gemm(cuda::device dev, const config& cfg,
     r.work = std::string(work);
     r.lib = t.first;
     r.raw = t.second;
-    r.lib_gpu = g.first;
-    r.raw_gpu = g.second;
+    r.set_spans(g);
     r.reps = cfg.reps;
     r.raw_call =
         tf32 ? "cublasSgemm, CUBLAS_TF32_TENSOR_OP_MATH" : "cublasSgemm, CUBLAS_PEDANTIC_MATH";
@@ -706,7 +731,7 @@ asio::awaitable<result<void>> run_fft(cuda::device dev, const config& cfg, std::
   std::printf(
       "  (%s GPU ms: library %.4f, raw with a plan made like the library's %.4f; "
       "library %.4f, that raw plan into the library's output buffer %.4f)\n",
-      w_fft.data(), g2.first.median, g2.second.median, g3.first.median, g3.second.median);
+      w_fft.data(), g2.lib_gpu.median, g2.raw_gpu.median, g3.lib_gpu.median, g3.raw_gpu.median);
 
   std::vector<c32> y_lib(n), y_raw(n);
   BOOST_OUTCOME_CO_TRY(co_await cuda::download(dout_lib, std::span<c32>(y_lib)));
@@ -716,8 +741,7 @@ asio::awaitable<result<void>> run_fft(cuda::device dev, const config& cfg, std::
   r.work = std::string(w_fft);
   r.lib = t.first;
   r.raw = t.second;
-  r.lib_gpu = g.first;
-  r.raw_gpu = g.second;
+  r.set_spans(g);
   r.reps = cfg.reps;
   r.raw_call = "cufftExecC2C on a cufftPlan1d plan made once";
   // (1) library and raw outputs equal: max |lib - raw| / max |raw|.
@@ -773,11 +797,11 @@ asio::awaitable<result<void>> run_fft(cuda::device dev, const config& cfg, std::
                                    {"lib_raw_rel_diff", number(rel_diff)},
                                    {"dft_bins_worst_rel_error", number(worst_bin)},
                                    {"dft_bins_tolerance", bin_tol},
-                                   {"lib_gpu_ms_again", g2.first.median},
-                                   {"raw_pool_workarea_gpu_ms", g2.second.median},
+                                   {"lib_gpu_ms_again", g2.lib_gpu.median},
+                                   {"raw_pool_workarea_gpu_ms", g2.raw_gpu.median},
                                    {"raw_pool_workarea_bytes", work2},
-                                   {"lib_gpu_ms_third", g3.first.median},
-                                   {"raw_pool_workarea_lib_output_gpu_ms", g3.second.median}});
+                                   {"lib_gpu_ms_third", g3.lib_gpu.median},
+                                   {"raw_pool_workarea_lib_output_gpu_ms", g3.raw_gpu.median}});
   print_row(r);
   rows.push_back(std::move(r));
   co_return cuda::outcome::success();
@@ -1019,12 +1043,25 @@ asio::awaitable<result<void>> run_conv(cuda::device dev, const config& cfg,
   BOOST_OUTCOME_CO_TRY(co_await cuda::download(dy_raw, std::span<half>(y_raw)));
   const auto st = dnn.statistics();
 
+  // Diagnostic, after the outputs were read back: the raw call writing into
+  // the library's output buffer (a gap from where the output lies, not from
+  // the library's path).
+  BOOST_OUTCOME_CO_TRY(half * py_lib, dy_lib.unsafe_data());
+  auto raw_lib_out = [&]() -> result<void> {
+    const float one = 1.0f, zero = 0.0f;
+    return cudnn_ok(cudnnConvolutionForward(rc.handle.h, &one, rc.x.h, px, rc.w.h, pw, rc.conv.h,
+                                            rc.algo, pws, rc.workspace, &zero, rc.y.h, py_lib),
+                    "cudnnConvolutionForward");
+  };
+  BOOST_OUTCOME_CO_TRY(cuda_ok(cudaDeviceSynchronize(), "cudaDeviceSynchronize"));
+  BOOST_OUTCOME_CO_TRY(auto g2, co_await gpu_spans(cfg, lib, dnn.get_stream().native_handle(),
+                                                   raw_lib_out, rs));
+
   row r;
   r.work = std::string(w_conv);
   r.lib = t.first;
   r.raw = t.second;
-  r.lib_gpu = g.first;
-  r.raw_gpu = g.second;
+  r.set_spans(g);
   r.reps = cfg.reps;
   r.raw_call =
       std::string("cudnnConvolutionForward, ") + algo_name(rc.algo) + ", " + math_name(rc.math);
@@ -1079,6 +1116,8 @@ asio::awaitable<result<void>> run_conv(cuda::device dev, const config& cfg,
       {"lib_raw_rel_diff", number(rel_diff)},
       {"cpu_ref_worst_rel_error", number(worst_ref)},
       {"cpu_ref_tolerance", 5e-3},
+      {"lib_gpu_ms_again", g2.lib_gpu.median},
+      {"raw_lib_output_gpu_ms", g2.raw_gpu.median},
   });
   print_row(r);
   rows.push_back(std::move(r));

@@ -27,7 +27,7 @@ using clock = std::chrono::steady_clock;
 
 struct stream_state {
   stream_state(std::shared_ptr<device_impl> d, cudaStream_t s, std::uint64_t i)
-      : dev(std::move(d)), native(s), id(i), batch_queue(std::make_shared<deferred_queue>(s)) {}
+      : dev(std::move(d)), native(s), id(i), batch_queue(std::make_shared<deferred_queue>()) {}
   stream_state(const stream_state&) = delete;
   stream_state& operator=(const stream_state&) = delete;
   ~stream_state();

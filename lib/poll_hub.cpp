@@ -215,8 +215,12 @@ std::vector<std::shared_ptr<polled_wait>> poll_hub::take_deferred() {
     std::lock_guard lk(q->mu);
     for (auto& w : q->items) out.push_back(std::move(w));
     q->items.clear();
+    // No drain can run any more (the launch threads are joined, a posted
+    // drain is destroyed with the context's handlers): a queue left marked
+    // as draining would hold every later operation on its stream forever.
+    q->draining = false;
   }
-  return out;  // `draining` stays as it is: a running drain clears it
+  return out;
 }
 
 void poll_hub::clear() {

@@ -55,8 +55,6 @@ void drain_deferred(std::vector<std::shared_ptr<polled_wait>>& batch);
 /// thread, and the hub's lock (taken by every poll step) stayed out of that
 /// path. Owned by the stream (stream_state::batch_queue).
 struct deferred_queue {
-  explicit deferred_queue(cudaStream_t s) : stream(s) {}
-  const cudaStream_t stream;
   std::mutex mu;
   std::deque<std::shared_ptr<polled_wait>> items;  // in submission order; guarded by mu
   bool draining = false;                           // a drain is due or running; guarded by mu

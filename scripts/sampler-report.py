@@ -16,14 +16,20 @@ def main():
     ap.add_argument("--bin", default=None)
     ap.add_argument("--top", type=int, default=40)
     ap.add_argument("--focus", default=None, help="only samples with a frame containing this")
+    ap.add_argument("--threads", action="store_true",
+                    help="also print each thread's share of the samples and its top frames")
     ap.add_argument("--callers", default=None,
                     help="also print who calls the frames containing this (3 frames up)")
     a = ap.parse_args()
-    stacks = []
+    stacks, tids = [], []
     for line in open(a.samples, errors="replace"):
         line = line.rstrip("\n")
-        if line:
-            stacks.append(line.split("\t"))
+        if not line:
+            continue
+        fields = line.split("\t")
+        tid = fields.pop(0) if fields[0].startswith("T") else "T?"
+        stacks.append(fields)
+        tids.append(tid)
     local = {}
     if a.bin:
         for f in os.listdir(a.bin):
@@ -69,7 +75,9 @@ def main():
         return cache[fr]
 
     if a.focus:
-        stacks = [st for st in stacks if any(a.focus in nm(fr) for fr in st)]
+        keep = [i for i, st in enumerate(stacks) if any(a.focus in nm(fr) for fr in st)]
+        stacks = [stacks[i] for i in keep]
+        tids = [tids[i] for i in keep]
     n = len(stacks)
     print(f"{n} samples")
     flat = collections.Counter(nm(st[0]) for st in stacks if st)
@@ -86,6 +94,8 @@ def main():
     print("\n== inclusive")
     for k, v in incl.most_common(a.top * 2):
         print(f"{100*v/n:6.1f}%  {k}")
+    if a.threads:
+        print_threads(stacks, tids, nm, n)
     if a.callers:
         calls = collections.Counter()
         for st in stacks:
@@ -97,6 +107,29 @@ def main():
         print(f"\n== callers of {a.callers}")
         for k, v in calls.most_common(a.top):
             print(f"{100*v/n:6.1f}%  {k}")
+
+
+def print_threads(stacks, tids, nm, n):
+    """Per thread: its share of all samples, a role guessed from its frames, its top leaves."""
+    by = collections.defaultdict(list)
+    for st, t in zip(stacks, tids):
+        by[t].append(st)
+    print("\n== threads (share of all samples; role from the frames seen)")
+    for t, sts in sorted(by.items(), key=lambda kv: -len(kv[1])):
+        names = set(nm(fr) for st in sts for fr in st)
+        role = ("launch thread" if any("launcher_loop" in x for x in names) else
+                "io thread" if any("scheduler::run" in x or "io_context::run" in x for x in names)
+                else "other")
+        print(f"{100*len(sts)/n:6.1f}%  {t} ({role}, {len(sts)} samples)")
+        leaf = collections.Counter(nm(st[0]) for st in sts if st)
+        for k, v in leaf.most_common(8):
+            print(f"          {100*v/len(sts):6.1f}%  {k}")
+        incl = collections.Counter()
+        for st in sts:
+            incl.update(set(nm(fr) for fr in st))
+        print("          -- inclusive")
+        for k, v in incl.most_common(14):
+            print(f"          {100*v/len(sts):6.1f}%  {k}")
 
 
 def short(s):

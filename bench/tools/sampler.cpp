@@ -1,7 +1,7 @@
 // A diagnostic LD_PRELOAD sampling profiler (the GPU machine has no perf):
 // every 50 us of process CPU time (ITIMER_PROF) the interrupted thread's
 // stack is captured with backtrace(); at exit every frame is written as
-// "module+offset" lines, one stack per line, to $SAMPLER_OUT (default
+// "module+offset" lines, one stack per line after the thread's id ("T<tid>"), to $SAMPLER_OUT (default
 // sampler.txt). scripts/sampler-report.py symbolises them here with
 // addr2line against copies of the same binaries and prints flat and
 // inclusive profiles. Build and use:
@@ -17,6 +17,7 @@
 #include <dlfcn.h>
 #include <execinfo.h>
 #include <signal.h>
+#include <sys/syscall.h>
 #include <sys/time.h>
 #include <unistd.h>
 
@@ -36,6 +37,7 @@ constexpr std::size_t k_max_samples = 400000;
 
 struct sample {
   int depth;
+  long tid;
   void* pc[k_depth];
 };
 
@@ -47,7 +49,10 @@ void on_prof(int, siginfo_t*, void*) {
   if (!g_on.load(std::memory_order_relaxed)) return;
   const int saved = errno;
   const auto i = g_next.fetch_add(1, std::memory_order_relaxed);
-  if (i < k_max_samples) g_samples[i].depth = backtrace(g_samples[i].pc, k_depth);
+  if (i < k_max_samples) {
+    g_samples[i].tid = syscall(SYS_gettid);
+    g_samples[i].depth = backtrace(g_samples[i].pc, k_depth);
+  }
   errno = saved;
 }
 
@@ -62,6 +67,7 @@ void dump() {
   std::map<void*, std::string> names;  // pc -> "module+0xoff symbol"
   for (std::size_t i = 0; i < n; ++i) {
     const auto& s = g_samples[i];
+    std::fprintf(f, "T%ld\t", s.tid);
     // Frame 0 and 1 are this handler and the signal trampoline.
     for (int d = 2; d < s.depth; ++d) {
       void* pc = s.pc[d];
