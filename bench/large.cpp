@@ -311,8 +311,8 @@ struct spans {
 
 struct row {
   std::string work;
-  bench::stats lib, raw;          // milliseconds, wall time
-  bench::stats lib_gpu, raw_gpu;  // milliseconds, GPU time (gpu_spans)
+  bench::stats lib, raw;                  // milliseconds, wall time
+  bench::stats lib_gpu, raw_gpu;          // milliseconds, GPU time (gpu_spans)
   bench::stats lib_enqueue, raw_enqueue;  // milliseconds, host time of the enqueue (gpu_spans)
   int reps = 0;
   std::string raw_call;
@@ -1054,8 +1054,8 @@ asio::awaitable<result<void>> run_conv(cuda::device dev, const config& cfg,
                     "cudnnConvolutionForward");
   };
   BOOST_OUTCOME_CO_TRY(cuda_ok(cudaDeviceSynchronize(), "cudaDeviceSynchronize"));
-  BOOST_OUTCOME_CO_TRY(auto g2, co_await gpu_spans(cfg, lib, dnn.get_stream().native_handle(),
-                                                   raw_lib_out, rs));
+  BOOST_OUTCOME_CO_TRY(
+      auto g2, co_await gpu_spans(cfg, lib, dnn.get_stream().native_handle(), raw_lib_out, rs));
 
   row r;
   r.work = std::string(w_conv);

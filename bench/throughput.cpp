@@ -128,6 +128,7 @@ struct options {
   unsigned rounds = 3;            // paired windows (ours, then raw) per measurement
   long long max_batch = -1;       // -1: the device's default
   long long launch_threads = -1;  // -1: the device's default
+  long long busy_poll_us = -1;    // -1: the device's default
   int device = 0;
   std::string json;
 };
@@ -166,6 +167,8 @@ void print_usage(std::FILE* to) {
                "                     library's default)\n"
                "  --launch-threads N device_options::launch_threads, 0..64 (default: the\n"
                "                     library's default; 0 = batches run on the io threads)\n"
+               "  --busy-poll-us U   device_options::busy_poll_interval in us, 0..1000\n"
+               "                     (default: the library's default)\n"
                "  --seconds S        timed seconds per window, > 0 and <= %.0f (default 1)\n"
                "  --min-ops N        at least N operations per window, 1..%lld\n"
                "                     (default 20000)\n"
@@ -228,9 +231,10 @@ std::optional<int> parse_args(int argc, char** argv, options& o) {
     if (u.rfind("--", 0) == 0) return usage_error("option '" + u + "' needs a value");
     return usage_error("unexpected argument '" + u + "'");
   }
-  static const char* const known[] = {
-      "threads", "coroutines", "work",   "actors", "pin",  "seconds",   "min-ops",
-      "warmup",  "rounds",     "device", "json",   "help", "max-batch", "launch-threads"};
+  static const char* const known[] = {"threads",   "coroutines",     "work",        "actors",
+                                      "pin",       "seconds",        "min-ops",     "warmup",
+                                      "rounds",    "device",         "json",        "help",
+                                      "max-batch", "launch-threads", "busy-poll-us"};
   for (const auto& [k, v] : a.kv) {
     bool ok = false;
     for (const char* name : known) ok = ok || k == name;
@@ -278,6 +282,7 @@ std::optional<int> parse_args(int argc, char** argv, options& o) {
   if (auto r = integer("device", 0, 1 << 20, o.device)) return r;
   if (auto r = integer("max-batch", 1, 1 << 20, o.max_batch)) return r;
   if (auto r = integer("launch-threads", 0, 64, o.launch_threads)) return r;
+  if (auto r = integer("busy-poll-us", 0, 1000, o.busy_poll_us)) return r;
   if (a.has("work")) {
     for (const auto& name : split(a.get("work"))) {
       bool found = false;
@@ -742,6 +747,7 @@ public:
     cuda::device_options dopts;
     if (o_.max_batch > 0) dopts.max_batch = static_cast<std::size_t>(o_.max_batch);
     if (o_.launch_threads >= 0) dopts.launch_threads = static_cast<std::size_t>(o_.launch_threads);
+    if (o_.busy_poll_us >= 0) dopts.busy_poll_interval = std::chrono::microseconds(o_.busy_poll_us);
     auto opened = cuda::device::open(ioc_.get_executor(), o_.device, dopts);
     if (!opened) {
       fail_.add(ctl_.where + ": device::open failed: " + describe(opened.error()));
@@ -1256,6 +1262,10 @@ int run(const options& o, const std::string& command) {
                   o.launch_threads >= 0
                       ? o.launch_threads
                       : static_cast<long long>(cuda::device_options{}.launch_threads))},
+             {"busy_poll_us",
+              static_cast<std::int64_t>(o.busy_poll_us >= 0
+                                            ? o.busy_poll_us
+                                            : cuda::device_options{}.busy_poll_interval.count())},
              {"ops_per_s", s.ops_per_s},
              {"raw_ceiling_ops_per_s", s.raw_ops_per_s},
              {"ratio", s.ratio},

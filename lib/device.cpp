@@ -84,7 +84,7 @@ device_impl::device_impl(const asio::any_io_executor& ex, int ord, const device_
       options(o),
       polls(std::make_shared<poll_hub>(
           ex, [this] { return health.load() == health_state::healthy; }, o.max_batch,
-          o.launch_threads)),
+          o.launch_threads, o.busy_poll_interval)),
       strand_(ex),
       monitor_timer_(strand_) {}
 

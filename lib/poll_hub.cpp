@@ -37,11 +37,12 @@ struct poll_hub::launcher {
 };
 
 poll_hub::poll_hub(asio::any_io_executor ex, std::function<bool()> accepting, std::size_t max_batch,
-                   std::size_t launch_threads)
+                   std::size_t launch_threads, clock::duration busy_poll_interval)
     : ex_(std::move(ex)),
       accepting_(std::move(accepting)),
       max_batch_(std::max<std::size_t>(1, max_batch)),
       launch_threads_(launch_threads),
+      busy_poll_interval_(busy_poll_interval),
       launchers_(launch_threads) {}
 
 poll_hub::~poll_hub() {
@@ -92,7 +93,11 @@ void poll_hub::launcher_loop(const std::shared_ptr<launcher>& me,
       me->ready.pop_front();
       me->queued.fetch_sub(1, std::memory_order_relaxed);
     }
-    if (auto h = hub.lock()) h->run_drain(q);  // may be the hub's last reference
+    if (auto h = hub.lock()) {
+      h->launching_.fetch_add(1, std::memory_order_relaxed);
+      h->run_drain(q);
+      h->launching_.fetch_sub(1, std::memory_order_relaxed);
+    }  // `h` may be the hub's last reference
   }
 }
 
@@ -316,10 +321,19 @@ void poll_hub::step(bool full) {
     }
     epoch = clears_;
     const std::size_t batch = full ? k_full_batch : k_batch;
+    // While a launch thread makes library calls, fewer queries: each one
+    // competes with those calls for the driver's locks.
+    const bool sparse = !full && busy_poll_interval_ > clock::duration::zero() &&
+                        launching_.load(std::memory_order_relaxed) > 0;
+    const auto asked = sparse ? clock::now() : clock::time_point{};
     for (auto& l : lanes_) {
       while (!l.waits.empty() && l.waits.front()->polled_done()) {
         l.waits.pop_front();
         --count_;
+      }
+      if (sparse) {
+        if (asked - l.last_query < busy_poll_interval_) continue;
+        l.last_query = asked;
       }
       std::size_t i = 0, events = 0;
       while (i < l.waits.size() && i < k_max_waits && ++events <= batch) {

@@ -70,7 +70,7 @@ public:
   /// `accepting` reports whether the device still accepts work; batches of
   /// deferred waits run on up to `launch_threads` threads of the hub (0: on `ex`).
   poll_hub(asio::any_io_executor ex, std::function<bool()> accepting, std::size_t max_batch,
-           std::size_t launch_threads);
+           std::size_t launch_threads, clock::duration busy_poll_interval = {});
   ~poll_hub();
   poll_hub(const poll_hub&) = delete;
   poll_hub& operator=(const poll_hub&) = delete;
@@ -99,7 +99,8 @@ private:
     /// past the spin budget the poller sleeps until just before that and
     /// spins across it, instead of waking on its backoff timer.
     clock::duration typical{};
-    clock::time_point last_done{};  // when a wait of this lane last finished
+    clock::time_point last_done{};   // when a wait of this lane last finished
+    clock::time_point last_query{};  // when a step last asked this lane's events
   };
   lane& lane_locked(cudaStream_t s);
   void add_locked(std::shared_ptr<polled_wait> w);
@@ -126,6 +127,8 @@ private:
   std::size_t count_ = 0;
   const std::size_t max_batch_;  // deferred enqueues per drain run (one event each)
   const std::size_t launch_threads_;
+  const clock::duration busy_poll_interval_;
+  std::atomic<int> launching_{0};  // launch threads inside a drain now
   /// Started with the first queue assigned to them (under mu_, before the
   /// queue's `registered` is set: a drain reads its slot after that).
   std::vector<std::shared_ptr<launcher>> launchers_;

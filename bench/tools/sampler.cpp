@@ -1,10 +1,9 @@
 // A diagnostic LD_PRELOAD sampling profiler (the GPU machine has no perf):
 // every 50 us of process CPU time (ITIMER_PROF) the interrupted thread's
 // stack is captured with backtrace(); at exit every frame is written as
-// "module+offset" lines, one stack per line after the thread's id ("T<tid>"), to $SAMPLER_OUT (default
-// sampler.txt). scripts/sampler-report.py symbolises them here with
-// addr2line against copies of the same binaries and prints flat and
-// inclusive profiles. Build and use:
+// "module+offset" lines, one stack per line after the thread's id ("T<tid>"), to $SAMPLER_OUT
+// (default sampler.txt). scripts/sampler-report.py symbolises them here with addr2line against
+// copies of the same binaries and prints flat and inclusive profiles. Build and use:
 //   g++ -O2 -shared -fPIC -o /tmp/sampler.so bench/tools/sampler.cpp -ldl
 //   timeout 60 env SAMPLER_OUT=$OUT/s.txt LD_PRELOAD=/tmp/sampler.so
 //     build-gpu/bench/atomr-bench-throughput ...

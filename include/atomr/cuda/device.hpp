@@ -10,6 +10,7 @@
 #include <boost/asio/any_io_executor.hpp>
 #include <boost/asio/async_result.hpp>
 
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -56,6 +57,11 @@ struct device_options {
   /// assigned in turn; they start when first needed, spin briefly when out of
   /// work, then sleep. 0: batches run on the device's executor (an io thread).
   std::size_t launch_threads = 8;
+  /// event_poll: while a launch thread is making a batch's library calls,
+  /// the poller asks each stream's events at most once per this interval
+  /// (its queries and those launches take the same driver locks;
+  /// docs/design.md). Zero: on every turn.
+  std::chrono::microseconds busy_poll_interval{0};
 };
 
 /// The device's health. Moves only forward: healthy -> poisoned or stopped.
