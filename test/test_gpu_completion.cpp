@@ -225,6 +225,7 @@ asio::awaitable<void> await_into(asio::awaitable<T> op, std::optional<T>& out, i
 /// enqueue and a cancelled one, on a device whose batches run on the io
 /// thread (`launch_threads` 0) or on its launch threads.
 struct batched_behind_busy_stream : long_gemm {
+  explicit batched_behind_busy_stream(const device_options& o) : long_gemm(o) {}
   explicit batched_behind_busy_stream(std::size_t launch_threads)
       : long_gemm(device_options{.launch_threads = launch_threads}) {}
   void check();
@@ -340,6 +341,14 @@ TEST_CASE(
     "work queued behind a busy stream is batched on a launch thread, right, failed alone, "
     "or cancelled") {
   batched_behind_busy_stream(2).check();
+}
+
+TEST_CASE(
+    "work queued behind a busy stream is batched on a launch thread, right, failed alone, "
+    "or cancelled, with the poller asking at most every 50 us while a batch launches") {
+  batched_behind_busy_stream(
+      device_options{.launch_threads = 2, .busy_poll_interval = std::chrono::microseconds(50)})
+      .check();
 }
 
 // A blocking_sync wait that timed out is still in the device's worker thread
