@@ -28,9 +28,11 @@ double now_us() {
 }
 
 thread_local double t_record = 0;  // this thread's last cudaEventRecord
+thread_local double t_getdev = 0;  // its last cudaGetDevice (run_kernel's make_current)
+thread_local int n_query = 0;      // cudaEventQuery calls since t_record
 
 struct series {
-  std::vector<double> before, inside;
+  std::vector<double> before, inside, after_getdev, queries;
 };
 std::mutex g_mu;
 std::map<std::pair<const char*, const void*>, series> g_calls;  // (call, handle)
@@ -40,6 +42,8 @@ void note(const char* call, const void* handle, double t0, double t1) {
   auto& s = g_calls[{call, handle}];
   s.before.push_back(t_record > 0 ? t0 - t_record : -1);
   s.inside.push_back(t1 - t0);
+  s.after_getdev.push_back(t_getdev > t_record ? t0 - t_getdev : -1);
+  s.queries.push_back(n_query);
 }
 
 double median(std::vector<double> v) {
@@ -54,8 +58,10 @@ struct report {
     for (auto& [k, s] : g_calls)
       std::fprintf(stderr,
                    "call_gap: %s handle %p: %zu calls, median %.2f us since the last "
-                   "cudaEventRecord, %.2f us inside\n",
-                   k.first, k.second, s.inside.size(), median(s.before), median(s.inside));
+                   "cudaEventRecord (%.2f us since a cudaGetDevice after it, -1: none; %.0f "
+                   "cudaEventQuery calls between), %.2f us inside\n",
+                   k.first, k.second, s.inside.size(), median(s.before), median(s.after_getdev),
+                   median(s.queries), median(s.inside));
   }
 } g_report;
 
@@ -72,7 +78,21 @@ cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s) {
   static auto real = next<cudaError_t (*)(cudaEvent_t, cudaStream_t)>("cudaEventRecord");
   const auto r = real(e, s);
   t_record = now_us();
+  n_query = 0;
   return r;
+}
+
+cudaError_t cudaGetDevice(int* d) {
+  static auto real = next<cudaError_t (*)(int*)>("cudaGetDevice");
+  const auto r = real(d);
+  t_getdev = now_us();
+  return r;
+}
+
+cudaError_t cudaEventQuery(cudaEvent_t e) {
+  static auto real = next<cudaError_t (*)(cudaEvent_t)>("cudaEventQuery");
+  ++n_query;
+  return real(e);
 }
 
 cufftResult cufftExecC2C(cufftHandle h, cufftComplex* in, cufftComplex* out, int dir) {
