@@ -80,11 +80,8 @@ def main():
         tids = [tids[i] for i in keep]
     n = len(stacks)
     print(f"{n} samples")
-    flat = collections.Counter(nm(st[0]) for st in stacks if st)
+    flat, incl = counts(stacks, nm)
     modflat = collections.Counter(nm(st[0]).rsplit("[", 1)[-1] for st in stacks if st)
-    incl = collections.Counter()
-    for st in stacks:
-        incl.update(set(nm(fr) for fr in st))
     print("\n== leaf module")
     for k, v in modflat.most_common(20):
         print(f"{100*v/n:6.1f}%  {k}")
@@ -109,6 +106,15 @@ def main():
             print(f"{100*v/n:6.1f}%  {k}")
 
 
+def counts(stacks, nm):
+    """Samples per leaf frame, and per frame anywhere in the stack (once per sample)."""
+    leaf = collections.Counter(nm(st[0]) for st in stacks if st)
+    incl = collections.Counter()
+    for st in stacks:
+        incl.update(set(nm(fr) for fr in st))
+    return leaf, incl
+
+
 def print_threads(stacks, tids, nm, n):
     """Per thread: its share of all samples, a role guessed from its frames, its top leaves."""
     by = collections.defaultdict(list)
@@ -121,12 +127,9 @@ def print_threads(stacks, tids, nm, n):
                 "io thread" if any("scheduler::run" in x or "io_context::run" in x for x in names)
                 else "other")
         print(f"{100*len(sts)/n:6.1f}%  {t} ({role}, {len(sts)} samples)")
-        leaf = collections.Counter(nm(st[0]) for st in sts if st)
+        leaf, incl = counts(sts, nm)
         for k, v in leaf.most_common(8):
             print(f"          {100*v/len(sts):6.1f}%  {k}")
-        incl = collections.Counter()
-        for st in sts:
-            incl.update(set(nm(fr) for fr in st))
         print("          -- inclusive")
         for k, v in incl.most_common(14):
             print(f"          {100*v/len(sts):6.1f}%  {k}")
