@@ -82,6 +82,7 @@ struct config {
   std::string strategy = "event_poll";
   cuda::completion how = cuda::event_poll{};
   std::string command;
+  bool warm_lib = false;  // diagnostic: an untimed library run before each timed GPU span
 };
 
 void usage(std::FILE* to) {
@@ -113,6 +114,9 @@ void usage(std::FILE* to) {
                "                      (default: the library's, 200)\n"
                "  --device D          device ordinal (default 0)\n"
                "  --json FILE         also write the results as JSON to FILE\n"
+               "  --warm-lib          diagnostic: in the GPU-span passes, run the library side\n"
+               "                      once, untimed, right before each timed run (its path then\n"
+               "                      runs with warm caches; see bench/tools/call_gap.cpp)\n"
                "  --help              print this help and exit\n"
                "Options also take the form --name=value.\n"
                "\n"
@@ -145,7 +149,7 @@ std::string shell_word(std::string_view a) {
 /// Parses argv into `cfg`; an exit status when the program should stop.
 std::optional<int> parse(int argc, char** argv, config& cfg) {
   for (int i = 0; i < argc; ++i) cfg.command += (i ? " " : "") + shell_word(argv[i]);
-  const bench::args a(argc, argv, {"help"});
+  const bench::args a(argc, argv, {"help", "warm-lib"});
   if (a.has("help")) {
     usage(stdout);
     return exit_ok;
@@ -184,6 +188,7 @@ std::optional<int> parse(int argc, char** argv, config& cfg) {
   cfg.warmup = static_cast<int>(warmup);
   cfg.device = static_cast<int>(dev);
 
+  cfg.warm_lib = a.has("warm-lib");
   if (a.has("json")) {
     cfg.json_path = a.get("json");
     if (cfg.json_path.empty()) return usage_error("--json needs a file name");
@@ -460,6 +465,13 @@ asio::awaitable<result<spans>> gpu_spans(const config& cfg, Lib lib, cudaStream_
         asio::co_spawn(
             ex,
             [&]() -> asio::awaitable<void> {
+              if (cfg.warm_lib) {
+                if (auto w = co_await lib(); !w) {
+                  failed = w.error();
+                  finished = true;
+                  co_return;
+                }
+              }
               t0 = bench::now_us();
               if (auto rec = cuda_ok(cudaEventRecord(e0.h, lib_stream), "cudaEventRecord"); !rec) {
                 failed = rec.error();
@@ -1204,6 +1216,7 @@ asio::awaitable<int> run_all(cuda::device dev, const config& cfg) {
       {"spin_us", std::chrono::duration<double, std::micro>(how.spin).count()},
       {"max_backoff_us", std::chrono::duration<double, std::micro>(how.max_backoff).count()},
       {"warmup", cfg.warmup},
+      {"warm_lib", cfg.warm_lib},
       {"timing",
        "lib: wall time of co_await actor.op(...) on a one-thread io_context; raw: wall time of "
        "the raw call + cudaStreamSynchronize on its own stream; sides alternate (ABBA) over "

@@ -55,13 +55,22 @@ double median(std::vector<double> v) {
 struct report {
   ~report() {
     std::lock_guard lk(g_mu);
-    for (auto& [k, s] : g_calls)
+    for (auto& [k, s] : g_calls) {
+      // The calls right after a start event (gpu_spans), not those whose last
+      // record is a whole operation earlier (interleave(), warm-up runs).
+      std::vector<double> near;
+      for (double b : s.before)
+        if (b >= 0 && b < 50) near.push_back(b);
+      std::fprintf(stderr,
+                   "call_gap: %s handle %p: %zu of the calls within 50 us of a record: %.2f us\n",
+                   k.first, k.second, near.size(), median(near));
       std::fprintf(stderr,
                    "call_gap: %s handle %p: %zu calls, median %.2f us since the last "
                    "cudaEventRecord (%.2f us since a cudaGetDevice after it, -1: none; %.0f "
                    "cudaEventQuery calls between), %.2f us inside\n",
                    k.first, k.second, s.inside.size(), median(s.before), median(s.after_getdev),
                    median(s.queries), median(s.inside));
+    }
   }
 } g_report;
 
