@@ -316,19 +316,12 @@ struct spans {
 
 struct row {
   std::string work;
-  bench::stats lib, raw;                  // milliseconds, wall time
-  bench::stats lib_gpu, raw_gpu;          // milliseconds, GPU time (gpu_spans)
-  bench::stats lib_enqueue, raw_enqueue;  // milliseconds, host time of the enqueue (gpu_spans)
+  bench::stats lib, raw;  // milliseconds, wall time
+  spans gpu;              // GPU time and enqueue host time (gpu_spans)
   int reps = 0;
   std::string raw_call;
   check chk;
   bench::json details = bench::json::object({});
-  void set_spans(const spans& g) {
-    lib_gpu = g.lib_gpu;
-    raw_gpu = g.raw_gpu;
-    lib_enqueue = g.lib_enqueue;
-    raw_enqueue = g.raw_enqueue;
-  }
 };
 
 /// A number, or null when it is not finite (JSON has no NaN or infinity).
@@ -350,10 +343,10 @@ bench::json to_json(const row& r) {
       {"raw_min_ms", r.raw.min},
       {"lib_mean_ms", r.lib.mean},
       {"raw_mean_ms", r.raw.mean},
-      {"lib_gpu_ms", r.lib_gpu.median},
-      {"raw_gpu_ms", r.raw_gpu.median},
-      {"lib_enqueue_us", r.lib_enqueue.median * 1e3},
-      {"raw_enqueue_us", r.raw_enqueue.median * 1e3},
+      {"lib_gpu_ms", r.gpu.lib_gpu.median},
+      {"raw_gpu_ms", r.gpu.raw_gpu.median},
+      {"lib_enqueue_us", r.gpu.lib_enqueue.median * 1e3},
+      {"raw_enqueue_us", r.gpu.raw_enqueue.median * 1e3},
       {"raw_call", r.raw_call},
       {"check", bench::json::object({{"ok", r.chk.ok},
                                      {"what", r.chk.what},
@@ -372,7 +365,7 @@ void print_row(const row& r) {
   const double ratio = r.raw.median > 0 ? r.lib.median / r.raw.median : 0.0;
   std::printf("%-27s %10.4f %10.4f %8.4f %10.4f %10.4f %10.4f %10.4f  %s (%.2g <= %.2g)\n",
               r.work.c_str(), r.lib.median, r.raw.median, ratio, r.lib.p99, r.raw.p99,
-              r.lib_gpu.median, r.raw_gpu.median, r.chk.ok ? "ok" : "FAIL", r.chk.worst,
+              r.gpu.lib_gpu.median, r.gpu.raw_gpu.median, r.chk.ok ? "ok" : "FAIL", r.chk.worst,
               r.chk.tolerance);
   std::fflush(stdout);
 }
@@ -514,6 +507,18 @@ result<cuda::gpu_ref<T>> buffer(cuda::device& dev, std::size_t n) {
   return dev.allocate<T>(n);
 }
 
+/// gpu_spans behind a memset of ahead_bytes on each side's stream: the
+/// GPU's time alone (the scratch buffer is freed afterwards).
+template <class Lib, class Raw>
+asio::awaitable<result<spans>> gpu_only_spans(cuda::device& dev, const config& cfg, Lib lib,
+                                              cudaStream_t lib_stream, Raw raw,
+                                              const raw_stream& rs) {
+  BOOST_OUTCOME_CO_TRY(auto scratch, buffer<std::uint8_t>(dev, ahead_bytes));
+  BOOST_OUTCOME_CO_TRY(std::uint8_t * p, scratch.unsafe_data());
+  BOOST_OUTCOME_CO_TRY(cuda_ok(cudaDeviceSynchronize(), "cudaDeviceSynchronize"));
+  co_return co_await gpu_spans(cfg, lib, lib_stream, raw, rs, p, ahead_bytes);
+}
+
 // -------------------------------------------------------------------- sgemm
 
 /// Relative error of sampled entries of c = a * b (n x n, column-major),
@@ -605,7 +610,7 @@ asio::awaitable<result<void>> run_gemm(cuda::device dev, const config& cfg,
     r.work = std::string(work);
     r.lib = t.first;
     r.raw = t.second;
-    r.set_spans(g);
+    r.gpu = g;
     r.reps = cfg.reps;
     r.raw_call =
         tf32 ? "cublasSgemm, CUBLAS_TF32_TENSOR_OP_MATH" : "cublasSgemm, CUBLAS_PEDANTIC_MATH";
@@ -715,11 +720,8 @@ asio::awaitable<result<void>> run_fft(cuda::device dev, const config& cfg, std::
   BOOST_OUTCOME_CO_TRY(auto t, co_await interleave(cfg, lib, raw, rs));
   BOOST_OUTCOME_CO_TRY(auto g,
                        co_await gpu_spans(cfg, lib, fft.get_stream().native_handle(), raw, rs));
-  BOOST_OUTCOME_CO_TRY(auto scratch, buffer<std::uint8_t>(dev, ahead_bytes));
-  BOOST_OUTCOME_CO_TRY(std::uint8_t * pscratch, scratch.unsafe_data());
-  BOOST_OUTCOME_CO_TRY(cuda_ok(cudaDeviceSynchronize(), "cudaDeviceSynchronize"));
-  BOOST_OUTCOME_CO_TRY(auto gb, co_await gpu_spans(cfg, lib, fft.get_stream().native_handle(), raw,
-                                                   rs, pscratch, ahead_bytes));
+  BOOST_OUTCOME_CO_TRY(
+      auto gb, co_await gpu_only_spans(dev, cfg, lib, fft.get_stream().native_handle(), raw, rs));
 
   // Diagnostic: a raw plan made the way fft_actor makes its plans (no
   // auto-allocation, cufftMakePlanMany, work area from the device's pool),
@@ -771,7 +773,7 @@ asio::awaitable<result<void>> run_fft(cuda::device dev, const config& cfg, std::
   r.work = std::string(w_fft);
   r.lib = t.first;
   r.raw = t.second;
-  r.set_spans(g);
+  r.gpu = g;
   r.reps = cfg.reps;
   r.raw_call = "cufftExecC2C on a cufftPlan1d plan made once";
   // (1) library and raw outputs equal: max |lib - raw| / max |raw|.
@@ -1058,14 +1060,16 @@ asio::awaitable<result<void>> run_conv(cuda::device dev, const config& cfg,
   BOOST_OUTCOME_CO_TRY(cuda_ok(cudaDeviceSynchronize(), "cudaDeviceSynchronize"));
 
   auto lib = [&] { return dnn.conv2d_forward(xs, cp, dx, dw, cuda::gpu_ref<half>{}, dy_lib); };
-  auto raw = [&]() -> result<void> {
-    const float one = 1.0f, zero = 0.0f;
-    BOOST_OUTCOME_TRY(
-        cudnn_ok(cudnnConvolutionForward(rc.handle.h, &one, rc.x.h, px, rc.w.h, pw, rc.conv.h,
-                                         rc.algo, pws, rc.workspace, &zero, rc.y.h, py),
-                 "cudnnConvolutionForward"));
-    return cuda::outcome::success();
+  // The raw call into `out` (the raw side's own buffer; for a diagnostic, the library's).
+  auto raw_into = [&](half* out) {
+    return [&, out]() -> result<void> {
+      const float one = 1.0f, zero = 0.0f;
+      return cudnn_ok(cudnnConvolutionForward(rc.handle.h, &one, rc.x.h, px, rc.w.h, pw, rc.conv.h,
+                                              rc.algo, pws, rc.workspace, &zero, rc.y.h, out),
+                      "cudnnConvolutionForward");
+    };
   };
+  auto raw = raw_into(py);
   BOOST_OUTCOME_CO_TRY(auto t, co_await interleave(cfg, lib, raw, rs));
   BOOST_OUTCOME_CO_TRY(auto g,
                        co_await gpu_spans(cfg, lib, dnn.get_stream().native_handle(), raw, rs));
@@ -1079,26 +1083,18 @@ asio::awaitable<result<void>> run_conv(cuda::device dev, const config& cfg,
   // the library's output buffer (a gap from where the output lies, not from
   // the library's path).
   BOOST_OUTCOME_CO_TRY(half * py_lib, dy_lib.unsafe_data());
-  auto raw_lib_out = [&]() -> result<void> {
-    const float one = 1.0f, zero = 0.0f;
-    return cudnn_ok(cudnnConvolutionForward(rc.handle.h, &one, rc.x.h, px, rc.w.h, pw, rc.conv.h,
-                                            rc.algo, pws, rc.workspace, &zero, rc.y.h, py_lib),
-                    "cudnnConvolutionForward");
-  };
+  auto raw_lib_out = raw_into(py_lib);
   BOOST_OUTCOME_CO_TRY(cuda_ok(cudaDeviceSynchronize(), "cudaDeviceSynchronize"));
   BOOST_OUTCOME_CO_TRY(
       auto g2, co_await gpu_spans(cfg, lib, dnn.get_stream().native_handle(), raw_lib_out, rs));
-  BOOST_OUTCOME_CO_TRY(auto scratch, buffer<std::uint8_t>(dev, ahead_bytes));
-  BOOST_OUTCOME_CO_TRY(std::uint8_t * pscratch, scratch.unsafe_data());
-  BOOST_OUTCOME_CO_TRY(cuda_ok(cudaDeviceSynchronize(), "cudaDeviceSynchronize"));
-  BOOST_OUTCOME_CO_TRY(auto gb, co_await gpu_spans(cfg, lib, dnn.get_stream().native_handle(), raw,
-                                                   rs, pscratch, ahead_bytes));
+  BOOST_OUTCOME_CO_TRY(
+      auto gb, co_await gpu_only_spans(dev, cfg, lib, dnn.get_stream().native_handle(), raw, rs));
 
   row r;
   r.work = std::string(w_conv);
   r.lib = t.first;
   r.raw = t.second;
-  r.set_spans(g);
+  r.gpu = g;
   r.reps = cfg.reps;
   r.raw_call =
       std::string("cudnnConvolutionForward, ") + algo_name(rc.algo) + ", " + math_name(rc.math);
