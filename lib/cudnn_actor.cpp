@@ -66,18 +66,23 @@ namespace {
 std::string num(std::int64_t v) {
   return "(" + std::to_string(v) + ")";
 }
-std::string field(std::string_view arg, std::string_view f) {
+/// "arg" or "arg.f": built only for an error message (the checks run on
+/// every operation, before its launch, and allocate nothing when they pass).
+std::string field(std::string_view arg, std::string_view f = {}) {
   std::string s(arg);
-  s += '.';
-  s += f;
+  if (!f.empty()) {
+    s += '.';
+    s += f;
+  }
   return s;
 }
-result<void> positive_int(std::string_view op, const std::string& arg, std::int64_t v) {
-  if (v <= 0) return bad_argument(op, arg, num(v) + " is not > 0");
-  if (v > INT_MAX) return bad_argument(op, arg, num(v) + " does not fit in an int");
+result<void> positive_int(std::string_view op, std::string_view arg, std::int64_t v,
+                          std::string_view f = {}) {
+  if (v <= 0) return bad_argument(op, field(arg, f), num(v) + " is not > 0");
+  if (v > INT_MAX) return bad_argument(op, field(arg, f), num(v) + " does not fit in an int");
   return outcome::success();
 }
-result<void> non_negative_int(std::string_view op, const std::string& arg, std::int64_t v) {
+result<void> non_negative_int(std::string_view op, std::string_view arg, std::int64_t v) {
   if (v < 0) return bad_argument(op, arg, num(v) + " is negative");
   if (v > INT_MAX) return bad_argument(op, arg, num(v) + " does not fit in an int");
   return outcome::success();
@@ -101,10 +106,10 @@ std::int64_t pooling_output_dim(std::int64_t in, std::int64_t pad, std::int64_t 
 
 result<std::int64_t> check_tensor_shape(std::string_view op, std::string_view arg,
                                         const tensor_shape& s) {
-  BOOST_OUTCOME_TRY(positive_int(op, field(arg, "n"), s.n));
-  BOOST_OUTCOME_TRY(positive_int(op, field(arg, "c"), s.c));
-  BOOST_OUTCOME_TRY(positive_int(op, field(arg, "h"), s.h));
-  BOOST_OUTCOME_TRY(positive_int(op, field(arg, "w"), s.w));
+  BOOST_OUTCOME_TRY(positive_int(op, arg, s.n, "n"));
+  BOOST_OUTCOME_TRY(positive_int(op, arg, s.c, "c"));
+  BOOST_OUTCOME_TRY(positive_int(op, arg, s.h, "h"));
+  BOOST_OUTCOME_TRY(positive_int(op, arg, s.w, "w"));
   if (s.layout != tensor_layout::nchw && s.layout != tensor_layout::nhwc)
     return bad_argument(op, field(arg, "layout"),
                         num(static_cast<int>(s.layout)) + " is neither nchw nor nhwc");

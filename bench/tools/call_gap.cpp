@@ -7,6 +7,10 @@
 // CALL_GAP_TRACE=1 it also keeps, for each call within 50 us of a record, the
 // timeline of malloc, free, pthread_mutex_lock, cudaGetDevice, cudaEventQuery
 // and cudaStreamWaitEvent calls between the record and the call (TSC stamps),
+// and of a few of the library's own functions on that path (device::status,
+// check_conv2d, stream_busy, make_plan_key, launch::begin, launch::access,
+// launch::make_current: interposed by their mangled names, which works
+// because calls inside the shared library go through its PLT),
 // and prints the per-position medians of the most common sequence per handle:
 // where the host time before the call goes. Build and use:
 //   g++ -O2 -shared -fPIC -o /tmp/call_gap.so bench/tools/call_gap.cpp
@@ -132,8 +136,7 @@ void print_timeline(const char* call, const void* handle, const std::vector<time
                call, handle, best->size(), lines.size(), by_seq.size(), first.n);
   for (std::size_t i = 0; i < first.n; ++i) {
     std::vector<double> at;
-    for (auto* l : *best)
-      at.push_back(static_cast<double>(l->m[i].tsc - l->start) * us_per_tick);
+    for (auto* l : *best) at.push_back(static_cast<double>(l->m[i].tsc - l->start) * us_per_tick);
     std::fprintf(stderr, "call_gap trace:   %2zu %-28s %8.3f\n", i, first.m[i].what, median(at));
   }
 }
@@ -248,4 +251,25 @@ int cudnnConvolutionForward(void* h, const void* alpha, void* xd, const void* x,
   note("cudnnConvolutionForward", h, t0, now_us(), tsc);
   return r;
 }
+
+// The library's functions on the path, by mangled name (g++, x86-64). Each
+// takes at most six integer-class arguments (with the hidden result pointer,
+// which comes back in rax), so a forwarder of six pointers passes them on.
+#define CALL_GAP_MARK(mangled, label)                                   \
+  void* mangled(void* a, void* b, void* c, void* d, void* e, void* f) { \
+    using fn = void* (*)(void*, void*, void*, void*, void*, void*);     \
+    static auto real = next<fn>(#mangled);                              \
+    stamp(label);                                                       \
+    return real(a, b, c, d, e, f);                                      \
+  }
+CALL_GAP_MARK(_ZNK5atomr4cuda6device6statusEv, "device::status")
+CALL_GAP_MARK(
+    _ZN5atomr4cuda6detail12check_conv2dESt17basic_string_viewIcSt11char_traitsIcEERKNS0_12tensor_shapeERKNS0_13conv2d_paramsE,
+    "check_conv2d")
+CALL_GAP_MARK(_ZN5atomr4cuda6detail11stream_busyERKNS0_6streamE, "stream_busy")
+CALL_GAP_MARK(_ZN5atomr4cuda6detail13make_plan_keyERKNS0_9fft_shapeENS1_8fft_typeE, "make_plan_key")
+CALL_GAP_MARK(_ZN5atomr4cuda6launch5beginEv, "launch::begin")
+CALL_GAP_MARK(_ZN5atomr4cuda6launch6accessERKSt10shared_ptrINS0_6detail12buffer_stateEEb,
+              "launch::access")
+CALL_GAP_MARK(_ZN5atomr4cuda6launch12make_currentEv, "launch::make_current")
 }
