@@ -159,8 +159,8 @@ std::optional<int> parse(int argc, char** argv, config& cfg) {
     return usage_error(u.rfind("--", 0) == 0 ? "unknown option or missing value: " + u
                                              : "unexpected argument '" + u + "'");
   }
-  static constexpr std::string_view known[] = {"reps",    "warmup", "work",           "strategy",
-                                               "spin-us", "device", "max-backoff-us", "json"};
+  static constexpr std::string_view known[] = {
+      "reps", "warmup", "work", "strategy", "spin-us", "device", "max-backoff-us", "json", "warm-lib"};
   for (const auto& [k, v] : a.kv)
     if (std::find(std::begin(known), std::end(known), k) == std::end(known))
       return usage_error("unknown option --" + k);
@@ -322,6 +322,10 @@ struct row {
   std::string raw_call;
   check chk;
   bench::json details = bench::json::object({});
+  // The device's counters over the workload's whole run (both rows of the
+  // sgemm run share them): operations that joined a busy stream's batch
+  // (launched by a drain, possibly on a launch thread) instead of at once.
+  std::uint64_t ops_batched = 0, batches = 0;
 };
 
 /// A number, or null when it is not finite (JSON has no NaN or infinity).
@@ -348,6 +352,8 @@ bench::json to_json(const row& r) {
       {"lib_enqueue_us", r.gpu.lib_enqueue.median * 1e3},
       {"raw_enqueue_us", r.gpu.raw_enqueue.median * 1e3},
       {"raw_call", r.raw_call},
+      {"lib_ops_batched", r.ops_batched},
+      {"lib_batches", r.batches},
       {"check", bench::json::object({{"ok", r.chk.ok},
                                      {"what", r.chk.what},
                                      {"worst", number(r.chk.worst)},
@@ -1159,17 +1165,29 @@ asio::awaitable<int> run_all(cuda::device dev, const config& cfg) {
                  e.message().c_str());
     return exit_error;
   };
+  // Runs one workload's function and notes the device's batch counters on its rows.
+  auto counted = [&](auto run) -> asio::awaitable<result<void>> {
+    const auto before = dev.statistics();
+    const std::size_t first = rows.size();
+    auto r = co_await run(dev, cfg, rows);
+    const auto after = dev.statistics();
+    for (std::size_t i = first; i < rows.size(); ++i) {
+      rows[i].ops_batched = after.ops_batched - before.ops_batched;
+      rows[i].batches = after.batches - before.batches;
+    }
+    co_return r;
+  };
   if (selected(cfg, w_sgemm_f32) || selected(cfg, w_sgemm_tf32)) {
-    auto r = co_await run_gemm(dev, cfg, rows);
+    auto r = co_await counted(run_gemm);
     if (!r) co_return failed("sgemm8192", r.error());
   }
   if (selected(cfg, w_fft)) {
-    auto r = co_await run_fft(dev, cfg, rows);
+    auto r = co_await counted(run_fft);
     if (!r) co_return failed(w_fft, r.error());
   }
   if (selected(cfg, w_conv)) {
 #if ATOMR_CUDA_HAS_CUDNN
-    auto r = co_await run_conv(dev, cfg, rows);
+    auto r = co_await counted(run_conv);
     if (!r) co_return failed(w_conv, r.error());
 #else
     std::fprintf(stderr, "%s: %s skipped: this build has no cuDNN\n", prog, w_conv.data());
