@@ -159,8 +159,9 @@ std::optional<int> parse(int argc, char** argv, config& cfg) {
     return usage_error(u.rfind("--", 0) == 0 ? "unknown option or missing value: " + u
                                              : "unexpected argument '" + u + "'");
   }
-  static constexpr std::string_view known[] = {
-      "reps", "warmup", "work", "strategy", "spin-us", "device", "max-backoff-us", "json", "warm-lib"};
+  static constexpr std::string_view known[] = {"reps",           "warmup",  "work",
+                                               "strategy",       "spin-us", "device",
+                                               "max-backoff-us", "json",    "warm-lib"};
   for (const auto& [k, v] : a.kv)
     if (std::find(std::begin(known), std::end(known), k) == std::end(known))
       return usage_error("unknown option --" + k);
@@ -751,8 +752,8 @@ asio::awaitable<result<void>> run_fft(cuda::device dev, const config& cfg, std::
   BOOST_OUTCOME_CO_TRY(std::uint8_t * pwork2, dwork2.unsafe_data());
   BOOST_OUTCOME_CO_TRY(cufft_ok(cufftSetWorkArea(plan2.h, pwork2), "cufftSetWorkArea"));
   BOOST_OUTCOME_CO_TRY(cuda_ok(cudaDeviceSynchronize(), "cudaDeviceSynchronize"));
-  BOOST_OUTCOME_CO_TRY(auto g2, co_await gpu_spans(cfg, lib, fft.get_stream().native_handle(),
-                                                   raw_on(plan2.h), rs));
+  BOOST_OUTCOME_CO_TRY(
+      auto g2, co_await gpu_spans(cfg, lib, fft.get_stream().native_handle(), raw_on(plan2.h), rs));
   std::printf("  (%s GPU ms: library %.4f, raw with a plan made like the library's %.4f)\n",
               w_fft.data(), g2.lib_gpu.median, g2.raw_gpu.median);
 

@@ -2,6 +2,7 @@
 #include "poll_hub.hpp"
 #include "pinned_pool.hpp"
 
+#include <atomr/cuda/detail/actor_core.hpp>
 #include <atomr/cuda/gpu_ref.hpp>
 #include <atomr/cuda/pinned.hpp>
 
@@ -497,7 +498,33 @@ std::string_view to_string(stream_policy p) noexcept {
   return "unknown";
 }
 
+result<void> check_device_options(const device_options& o) {
+  constexpr std::string_view op = "device::open";
+  if (o.launch_threads > 64)
+    return detail::bad_argument(op, "options.launch_threads",
+                                "(" + std::to_string(o.launch_threads) + ") is more than 64");
+  const auto poll = o.busy_poll_interval.count();
+  if (poll < 0 || poll > 1000)
+    return detail::bad_argument(op, "options.busy_poll_interval",
+                                "(" + std::to_string(poll) + " us) is not within 0..1000 us");
+  return outcome::success();
+}
+
+void detail::device_impl::reject(gpu_error why) {
+  std::lock_guard lk(mu_);
+  init_error_ = std::move(why);
+}
+
 device::device(const executor_type& ex, int ordinal, const device_options& options) {
+  if (auto ok = check_device_options(options); !ok) {
+    // Refused before any CUDA call and before the registry: the handle is
+    // unavailable with the reason, and a later open with valid options
+    // opens the ordinal as usual. (The state gets the default options: the
+    // given ones are out of range, e.g. thousands of launch thread slots.)
+    impl_ = std::make_shared<detail::device_impl>(ex, ordinal, device_options{});
+    impl_->reject(ok.error());
+    return;
+  }
   std::lock_guard lk(detail::registry_mu);
   auto& slot = detail::registry()[ordinal];
   if (auto live = slot.lock()) {

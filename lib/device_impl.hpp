@@ -119,6 +119,8 @@ public:
 
   /// CUDA initialisation for this ordinal; sets health to healthy or unavailable.
   void init();
+  /// Instead of init(): leaves the device unavailable with `why` (bad options).
+  void reject(gpu_error why);
 
   // --- state ---
   const asio::any_io_executor executor;

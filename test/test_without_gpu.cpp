@@ -39,6 +39,45 @@ TEST_CASE_FIXTURE(io_fixture, "opening an unusable device yields device_unavaila
   CHECK_THROWS_WITH_AS(d.value(), d.error().message().c_str(), gpu_exception);
 }
 
+TEST_CASE_FIXTURE(io_fixture, "device options out of range are refused before any CUDA call") {
+  using std::chrono::microseconds;
+  struct bad_case {
+    device_options o;
+    const char* names;
+  };
+  device_options threads;
+  threads.launch_threads = 65;
+  device_options huge;
+  huge.launch_threads = std::size_t{1} << 40;  // would be 2^40 thread slots
+  device_options slow;
+  slow.busy_poll_interval = microseconds(1001);
+  device_options negative;
+  negative.busy_poll_interval = microseconds(-1);
+  for (const auto& [o, names] :
+       {bad_case{threads, "options.launch_threads (65)"},
+        bad_case{huge, "options.launch_threads (1099511627776)"},
+        bad_case{slow, "options.busy_poll_interval (1001 us)"},
+        bad_case{negative, "options.busy_poll_interval (-1 us)"}}) {
+    CAPTURE(names);
+    CHECK(check_device_options(o).error().code() == errc::invalid_argument);
+    // Ordinal 0 whether or not it is usable here: the options are refused
+    // first, even while another handle holds the ordinal open.
+    auto d = device::open(ioc.get_executor(), 0, o);
+    REQUIRE_FALSE(d);
+    CHECK(d.error().code() == errc::invalid_argument);
+    CHECK(d.error().message().find(names) != std::string::npos);
+    device handle(ioc.get_executor(), 0, o);
+    CHECK(handle.health() == health_state::unavailable);
+    CHECK(handle.allocate<float>(4).error().code() == errc::invalid_argument);
+  }
+  // The bounds themselves are accepted.
+  device_options edge;
+  edge.launch_threads = 64;
+  edge.busy_poll_interval = microseconds(1000);
+  CHECK(check_device_options(edge));
+  CHECK(check_device_options(device_options{}));
+}
+
 TEST_CASE_FIXTURE(io_fixture, "an unavailable device reports its state and refuses work") {
   device d(ioc.get_executor(), unusable_ordinal());
   CHECK(d.health() == health_state::unavailable);

@@ -56,13 +56,19 @@ struct device_options {
   /// (docs/design.md, "launch threads"). A stream is served by one of them,
   /// assigned in turn; they start when first needed, spin briefly when out of
   /// work, then sleep. 0: batches run on the device's executor (an io thread).
+  /// At most 64.
   std::size_t launch_threads = 8;
   /// event_poll: while a launch thread is making a batch's library calls,
   /// the poller asks each stream's events at most once per this interval
   /// (its queries and those launches take the same driver locks;
-  /// docs/design.md). Zero: on every turn.
+  /// docs/design.md). Zero: on every turn. 0 to 1000 us.
   std::chrono::microseconds busy_poll_interval{0};
 };
+
+/// invalid_argument naming the first option out of its documented range
+/// (launch_threads, busy_poll_interval); no CUDA call. Opening a device
+/// checks its options with this first.
+result<void> check_device_options(const device_options& o);
 
 /// The device's health. Moves only forward: healthy -> poisoned or stopped.
 enum class health_state : std::uint8_t {
