@@ -53,11 +53,10 @@ TEST_CASE_FIXTURE(io_fixture, "device options out of range are refused before an
   slow.busy_poll_interval = microseconds(1001);
   device_options negative;
   negative.busy_poll_interval = microseconds(-1);
-  for (const auto& [o, names] :
-       {bad_case{threads, "options.launch_threads (65)"},
-        bad_case{huge, "options.launch_threads (1099511627776)"},
-        bad_case{slow, "options.busy_poll_interval (1001 us)"},
-        bad_case{negative, "options.busy_poll_interval (-1 us)"}}) {
+  for (const auto& [o, names] : {bad_case{threads, "options.launch_threads (65)"},
+                                 bad_case{huge, "options.launch_threads (1099511627776)"},
+                                 bad_case{slow, "options.busy_poll_interval (1001 us)"},
+                                 bad_case{negative, "options.busy_poll_interval (-1 us)"}}) {
     CAPTURE(names);
     CHECK(check_device_options(o).error().code() == errc::invalid_argument);
     // Ordinal 0 whether or not it is usable here: the options are refused
