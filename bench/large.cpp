@@ -505,6 +505,11 @@ asio::awaitable<result<spans>> gpu_spans(const config& cfg, Lib lib, cudaStream_
                   bench::summarize(std::move(lib_host)), bench::summarize(std::move(raw_host))};
 }
 
+/// The library's and the raw side's median of one diagnostic pass, ms.
+struct timed_pair {
+  double lib = 0, raw = 0;
+};
+
 /// Bytes of the memset gpu_spans runs ahead of e0 (~0.25 ms on an H200).
 constexpr std::size_t ahead_bytes = std::size_t{1} << 30;
 
@@ -1069,6 +1074,27 @@ asio::awaitable<result<void>> run_conv(cuda::device dev, const config& cfg,
   BOOST_OUTCOME_CO_TRY(
       auto gb, co_await gpu_only_spans(dev, cfg, lib, dnn.get_stream().native_handle(), raw, rs));
 
+  // Diagnostic: the raw call followed by an event record like the library's
+  // completion event, with the flags of its event pool (disable-timing and
+  // blocking-sync) and without blocking-sync: the GPU time such a record adds.
+  timed_pair ev_plain, ev_blocking;
+  for (auto* p : {&ev_plain, &ev_blocking}) {
+    scoped<cudaEvent_t, cudaEventDestroy> ev;
+    const unsigned flags =
+        cudaEventDisableTiming | (p == &ev_blocking ? cudaEventBlockingSync : 0u);
+    BOOST_OUTCOME_CO_TRY(
+        cuda_ok(cudaEventCreateWithFlags(&ev.h, flags), "cudaEventCreateWithFlags"));
+    ev.live = true;
+    auto raw_then_record = [&]() -> result<void> {
+      BOOST_OUTCOME_TRY(raw());
+      return cuda_ok(cudaEventRecord(ev.h, rs.h), "cudaEventRecord");
+    };
+    BOOST_OUTCOME_CO_TRY(auto sp,
+                         co_await gpu_only_spans(dev, cfg, lib, dnn.get_stream().native_handle(),
+                                                 raw_then_record, rs));
+    *p = {sp.lib_gpu.median, sp.raw_gpu.median};
+  }
+
   // The outputs, one untimed run of each side into the cleared buffer.
   std::vector<half> y_lib(y_elems), y_raw(y_elems);
   BOOST_OUTCOME_CO_TRY(co_await cuda::fill_bytes(dy, 0xFF));
@@ -1142,6 +1168,10 @@ asio::awaitable<result<void>> run_conv(cuda::device dev, const config& cfg,
       {"buffers", "both sides read and write the same buffers"},
       {"lib_gpu_busy_ms", gb.lib_gpu.median},
       {"raw_gpu_busy_ms", gb.raw_gpu.median},
+      {"lib_gpu_busy_ms_2", ev_plain.lib},
+      {"raw_then_event_gpu_busy_ms", ev_plain.raw},
+      {"lib_gpu_busy_ms_3", ev_blocking.lib},
+      {"raw_then_blocking_event_gpu_busy_ms", ev_blocking.raw},
   });
   print_row(r);
   rows.push_back(std::move(r));

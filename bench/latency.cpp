@@ -232,8 +232,8 @@ int main(int argc, char** argv) {
                 std::string(cuda::to_string(def.kind)).c_str(),
                 static_cast<long long>(def.spin.count() / 1000),
                 static_cast<long long>(def.max_backoff.count() / 1000));
-    std::printf("\n%-10s %-14s %10s %10s %10s %10s %11s %11s\n", "work", "strategy", "median us",
-                "p99 us", "raw med", "overhead", "cpu us/op", "io cpu/op");
+    std::printf("\n%-10s %-14s %10s %10s %10s %10s %11s %11s %8s\n", "work", "strategy",
+                "median us", "p99 us", "raw med", "overhead", "cpu us/op", "io cpu/op", "paired");
     for (const auto& w : works) {
       std::vector<contender> cs;
       cs.push_back({"raw", std::nullopt, {}});
@@ -269,10 +269,17 @@ int main(int argc, char** argv) {
       const auto raw = bench::summarize(cs[0].wall_us);
       for (auto& c : cs) {
         const auto s = bench::summarize(c.wall_us);
+        // Also the median of the per-repetition differences (this contender
+        // against the raw run of the same repetition, a few tens of us apart):
+        // less sensitive to the host drifting during the run than the
+        // difference of the two medians, which is the reported overhead.
+        std::vector<double> diff(c.wall_us.size());
+        for (std::size_t r = 0; r < diff.size(); ++r) diff[r] = c.wall_us[r] - cs[0].wall_us[r];
+        const double paired = bench::summarize(std::move(diff)).median;
         const double per = static_cast<double>(w.reps);
-        std::printf("%-10s %-14s %10.2f %10.2f %10.2f %10.2f %11.2f %11.2f\n", w.name.c_str(),
+        std::printf("%-10s %-14s %10.2f %10.2f %10.2f %10.2f %11.2f %11.2f %8.2f\n", w.name.c_str(),
                     c.name.c_str(), s.median, s.p99, raw.median, s.median - raw.median,
-                    c.cpu_us / per, c.io_cpu_us / per);
+                    c.cpu_us / per, c.io_cpu_us / per, paired);
         latency_rows.push_back(bench::json::object({{"work", w.name},
                                                     {"strategy", c.name},
                                                     {"median_us", s.median},
@@ -281,6 +288,7 @@ int main(int argc, char** argv) {
                                                     {"raw_median_us", raw.median},
                                                     {"raw_p99_us", raw.p99},
                                                     {"overhead_us", s.median - raw.median},
+                                                    {"paired_overhead_us", paired},
                                                     {"cpu_us_per_op", c.cpu_us / per},
                                                     {"io_thread_cpu_us_per_op", c.io_cpu_us / per},
                                                     {"reps", w.reps}}));

@@ -145,6 +145,8 @@ def summarise(docs, directory):
                 "raw_median_us": raw,
                 "overhead_us": med - raw if med is not None and raw is not None else None,
             })
+            if "paired_overhead_us" in r:  # since session 8: median of per-repetition differences
+                latency[-1]["paired_overhead_us"] = num(r["paired_overhead_us"])
     out["latency"] = latency
 
     # Throughput: the target rows (one actor per io thread, against T raw
