@@ -63,7 +63,8 @@ public:
     if (auto st = dev_->make_current(); st != cudaSuccess)
       return (void)finish(fault(st, "cudaSetDevice"));
     if (!ev_) {
-      auto ev = record_event(*dev_, stream_.native_handle(), library_);
+      auto ev = record_event(*dev_, stream_.native_handle(), library_,
+                             how_.kind == strategy::blocking_sync);
       if (!ev) return (void)finish(ev.error());
       ev_ = std::move(ev).value();
     }

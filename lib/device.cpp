@@ -414,9 +414,10 @@ void device_impl::blocking_loop(const std::shared_ptr<blocking_queue>& q, int or
   }
 }
 
-result<shared_event> record_event(device_impl& d, cudaStream_t s, std::string_view library) {
+result<shared_event> record_event(device_impl& d, cudaStream_t s, std::string_view library,
+                                  bool blocking) {
   shared_event ev;
-  if (auto st = d.events->acquire(ev); st != cudaSuccess) {
+  if (auto st = d.events->acquire(ev, blocking); st != cudaSuccess) {
     auto e = classify(st, "cudaEventCreateWithFlags").tagged(library);
     d.note_error(e);
     return e;

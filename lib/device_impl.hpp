@@ -209,6 +209,9 @@ private:
 };
 
 /// Records the pool's next free event on `s`.
-result<shared_event> record_event(device_impl& d, cudaStream_t s, std::string_view library);
+/// Records a pooled event on `s`; `blocking`: a blocking-sync event, for a
+/// thread that will wait on it in cudaEventSynchronize (blocking_sync).
+result<shared_event> record_event(device_impl& d, cudaStream_t s, std::string_view library,
+                                  bool blocking = false);
 
 }  // namespace atomr::cuda::detail

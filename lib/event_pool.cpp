@@ -3,37 +3,40 @@
 namespace atomr::cuda::detail {
 
 pooled_event::~pooled_event() {
-  pool_->give_back(ev_);
+  pool_->give_back(ev_, blocking_);
 }
 
 event_pool::~event_pool() {
   std::lock_guard lk(mu_);
   if (abandoned_) return;
-  for (auto ev : free_) cudaEventDestroy(ev);  // teardown: errors deliberately ignored
+  for (auto& list : free_)
+    for (auto ev : list) cudaEventDestroy(ev);  // teardown: errors deliberately ignored
 }
 
-cudaError_t event_pool::acquire(shared_event& out) {
+cudaError_t event_pool::acquire(shared_event& out, bool blocking) {
   cudaEvent_t ev = nullptr;
+  auto& list = free_[blocking ? 1 : 0];
   {
     std::lock_guard lk(mu_);
-    if (!free_.empty()) {
-      ev = free_.back();
-      free_.pop_back();
+    if (!list.empty()) {
+      ev = list.back();
+      list.pop_back();
     }
   }
   if (!ev) {
-    auto st = cudaEventCreateWithFlags(&ev, cudaEventDisableTiming | cudaEventBlockingSync);
+    const unsigned flags = cudaEventDisableTiming | (blocking ? cudaEventBlockingSync : 0u);
+    auto st = cudaEventCreateWithFlags(&ev, flags);
     if (st != cudaSuccess) return st;
     std::lock_guard lk(mu_);
     ++created_;
   }
-  out = std::make_shared<pooled_event>(ev, shared_from_this());
+  out = std::make_shared<pooled_event>(ev, blocking, shared_from_this());
   return cudaSuccess;
 }
 
-void event_pool::give_back(cudaEvent_t ev) noexcept {
+void event_pool::give_back(cudaEvent_t ev, bool blocking) noexcept {
   std::lock_guard lk(mu_);
-  free_.push_back(ev);
+  free_[blocking ? 1 : 0].push_back(ev);
 }
 
 void event_pool::abandon() noexcept {

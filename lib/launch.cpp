@@ -64,9 +64,9 @@ result<void*> launch::access(const std::shared_ptr<detail::buffer_state>& st, bo
   return st->ptr;
 }
 
-result<std::shared_ptr<detail::pooled_event>> launch::commit() {
-  BOOST_OUTCOME_TRY(auto ev,
-                    detail::record_event(*stream_.state()->owner, native_stream(), library_));
+result<std::shared_ptr<detail::pooled_event>> launch::commit(bool blocking) {
+  BOOST_OUTCOME_TRY(
+      auto ev, detail::record_event(*stream_.state()->owner, native_stream(), library_, blocking));
   stamp(ev);
   return ev;
 }

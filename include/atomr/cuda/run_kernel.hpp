@@ -97,8 +97,9 @@ public:
   result<void> begin();
   /// Makes the stream's device current on this thread (cudaSetDevice if needed).
   result<void> make_current();
-  /// Records the completion event and stamps every accessed buffer with it.
-  result<std::shared_ptr<detail::pooled_event>> commit();
+  /// Records the completion event and stamps every accessed buffer with it;
+  /// `blocking`: a blocking-sync event, for a blocking_sync wait.
+  result<std::shared_ptr<detail::pooled_event>> commit(bool blocking = false);
   /// Stamps every accessed buffer with `ev`, recorded on this stream after the enqueue.
   void stamp(const std::shared_ptr<detail::pooled_event>& ev);
   /// Finishes the accounting with `r`; tags an error with the library, counts
@@ -227,7 +228,7 @@ asio::awaitable<result<O>> run_kernel(std::string_view library, stream s, comple
   if (auto ok = l.make_current(); !ok) co_return l.fail(ok.error());
   auto keep = detail::call_enqueue(enqueue, l);
   if (!keep) co_return l.fail(keep.error());
-  auto done = l.commit();
+  auto done = l.commit(how.kind == strategy::blocking_sync);
   if (!done) {
     // Work may be queued without an event to track it; a failed record means
     // the context is gone, so nothing else can run.
