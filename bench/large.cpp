@@ -505,6 +505,23 @@ asio::awaitable<result<spans>> gpu_spans(const config& cfg, Lib lib, cudaStream_
                   bench::summarize(std::move(lib_host)), bench::summarize(std::move(raw_host))};
 }
 
+/// The outputs the checks compare, when both sides write `out`: one untimed
+/// run of each side into it, cleared to 0xFF bytes before each (so a side
+/// that wrote nothing cannot pass), read back into `y_lib` and `y_raw`.
+template <class T, class Lib, class Raw>
+asio::awaitable<result<void>> outputs_of_each(cuda::gpu_ref<T>& out, Lib lib, Raw raw,
+                                              const raw_stream& rs, std::vector<T>& y_lib,
+                                              std::vector<T>& y_raw) {
+  BOOST_OUTCOME_CO_TRY(co_await cuda::fill_bytes(out, 0xFF));
+  BOOST_OUTCOME_CO_TRY(co_await lib());
+  BOOST_OUTCOME_CO_TRY(co_await cuda::download(out, std::span<T>(y_lib)));
+  BOOST_OUTCOME_CO_TRY(co_await cuda::fill_bytes(out, 0xFF));
+  BOOST_OUTCOME_CO_TRY(raw());
+  BOOST_OUTCOME_CO_TRY(rs.sync());
+  BOOST_OUTCOME_CO_TRY(co_await cuda::download(out, std::span<T>(y_raw)));
+  co_return cuda::outcome::success();
+}
+
 /// The library's and the raw side's median of one diagnostic pass, ms.
 struct timed_pair {
   double lib = 0, raw = 0;
@@ -762,15 +779,8 @@ asio::awaitable<result<void>> run_fft(cuda::device dev, const config& cfg, std::
   std::printf("  (%s GPU ms: library %.4f, raw with a plan made like the library's %.4f)\n",
               w_fft.data(), g2.lib_gpu.median, g2.raw_gpu.median);
 
-  // The outputs, one untimed run of each side into the cleared buffer.
   std::vector<c32> y_lib(n), y_raw(n);
-  BOOST_OUTCOME_CO_TRY(co_await cuda::fill_bytes(dout, 0xFF));
-  BOOST_OUTCOME_CO_TRY(co_await lib());
-  BOOST_OUTCOME_CO_TRY(co_await cuda::download(dout, std::span<c32>(y_lib)));
-  BOOST_OUTCOME_CO_TRY(co_await cuda::fill_bytes(dout, 0xFF));
-  BOOST_OUTCOME_CO_TRY(raw());
-  BOOST_OUTCOME_CO_TRY(rs.sync());
-  BOOST_OUTCOME_CO_TRY(co_await cuda::download(dout, std::span<c32>(y_raw)));
+  BOOST_OUTCOME_CO_TRY(co_await outputs_of_each(dout, lib, raw, rs, y_lib, y_raw));
 
   row r;
   r.work = std::string(w_fft);
@@ -1095,15 +1105,8 @@ asio::awaitable<result<void>> run_conv(cuda::device dev, const config& cfg,
     *p = {sp.lib_gpu.median, sp.raw_gpu.median};
   }
 
-  // The outputs, one untimed run of each side into the cleared buffer.
   std::vector<half> y_lib(y_elems), y_raw(y_elems);
-  BOOST_OUTCOME_CO_TRY(co_await cuda::fill_bytes(dy, 0xFF));
-  BOOST_OUTCOME_CO_TRY(co_await lib());
-  BOOST_OUTCOME_CO_TRY(co_await cuda::download(dy, std::span<half>(y_lib)));
-  BOOST_OUTCOME_CO_TRY(co_await cuda::fill_bytes(dy, 0xFF));
-  BOOST_OUTCOME_CO_TRY(raw());
-  BOOST_OUTCOME_CO_TRY(rs.sync());
-  BOOST_OUTCOME_CO_TRY(co_await cuda::download(dy, std::span<half>(y_raw)));
+  BOOST_OUTCOME_CO_TRY(co_await outputs_of_each(dy, lib, raw, rs, y_lib, y_raw));
   const auto st = dnn.statistics();
 
   row r;
