@@ -208,7 +208,6 @@ private:
   std::thread bthread_;  // started by the first submit_blocking
 };
 
-/// Records the pool's next free event on `s`.
 /// Records a pooled event on `s`; `blocking`: a blocking-sync event, for a
 /// thread that will wait on it in cudaEventSynchronize (blocking_sync).
 result<shared_event> record_event(device_impl& d, cudaStream_t s, std::string_view library,
