@@ -1,5 +1,7 @@
 #include <atomr/cuda/cudnn_actor.hpp>
 
+#include "cudnn_graph.hpp"
+
 #include <atomr/cuda/cudnn_error.hpp>
 #include <atomr/cuda/detail/lru.hpp>
 #include <atomr/cuda/run_kernel.hpp>
@@ -12,6 +14,7 @@
 #include <mutex>
 #include <string>
 #include <tuple>
+#include <type_traits>
 
 // cuDNN 9 marks the whole legacy "ops/cnn" API (descriptor types included)
 // deprecated in favour of the graph API. It is the API present in every
@@ -44,6 +47,16 @@ std::string_view to_string(activation_mode m) noexcept {
       return "elu";
     case activation_mode::clipped_relu:
       return "clipped_relu";
+  }
+  return "unknown";
+}
+
+std::string_view to_string(conv_api a) noexcept {
+  switch (a) {
+    case conv_api::graph:
+      return "graph";
+    case conv_api::legacy:
+      return "legacy";
   }
   return "unknown";
 }
@@ -252,6 +265,9 @@ result<void> check_batchnorm_epsilon(std::string_view op, double epsilon) {
 
 result<void> check_cudnn_options(const cudnn_options& o) {
   if (o.algo_cache_size == 0) return bad_argument("cudnn_actor::create", "algo_cache_size", "is 0");
+  if (o.convolution_api != conv_api::graph && o.convolution_api != conv_api::legacy)
+    return bad_argument("cudnn_actor::create", "convolution_api",
+                        num(static_cast<int>(o.convolution_api)) + " is not a conv_api");
   return outcome::success();
 }
 
@@ -308,8 +324,11 @@ result<void> set_tensor(tensor_desc& d, const tensor_shape& s, cudnnDataType_t t
             "cudnnSetTensor4dDescriptor");
 }
 
-/// A cached convolution: its descriptors and the algorithm the heuristics picked.
+/// A cached convolution: the graph-API plan when there is one, else the
+/// legacy descriptors and the algorithm the heuristics picked. The y and
+/// bias descriptors serve the bias addition on either path.
 struct conv_plan {
+  std::unique_ptr<graph_conv> graph;
   tensor_desc x, y, bias;
   filter_desc filter;
   conv_desc conv;
@@ -331,6 +350,7 @@ struct cudnn_state {
       : core(std::move(d), std::move(s)),
         how(c),
         workspace_limit(o.workspace_limit),
+        api(o.convolution_api),
         plans(o.algo_cache_size) {}
   cudnn_state(const cudnn_state&) = delete;
   cudnn_state& operator=(const cudnn_state&) = delete;
@@ -343,11 +363,13 @@ struct cudnn_state {
   actor_core core;
   completion how;
   std::size_t workspace_limit;
+  conv_api api;
   // Everything below is guarded by core.enqueue_mu.
   cudnnHandle_t handle = nullptr;
   lru<conv_key, std::shared_ptr<conv_plan>> plans;
   gpu_ref<std::uint8_t> workspace;  // replaced (never resized) when a larger one is needed
   std::uint64_t workspace_grows = 0;
+  std::uint64_t graph_plans = 0, legacy_plans = 0, graph_fallbacks = 0;
 
   /// Creates the handle on first use and binds it to the actor's stream.
   /// Called with the lock held and the device current.
@@ -381,6 +403,41 @@ struct cudnn_state {
                                               const conv2d_layout& lay);
 };
 
+namespace {
+
+/// A packed 4-D operand in cuDNN's logical order (N, C, H, W or K, C, R, S)
+/// stored as `l` says (NCHW/KCRS or NHWC/KRSC).
+graph_tensor packed(std::int64_t n, std::int64_t c, std::int64_t h, std::int64_t w,
+                    tensor_layout l, std::uint8_t alignment) {
+  graph_tensor t;
+  t.dims = {n, c, h, w};
+  if (l == tensor_layout::nhwc)
+    t.strides = {h * w * c, 1, w * c, c};
+  else
+    t.strides = {c * h * w, h * w, w, 1};
+  t.alignment = alignment;
+  return t;
+}
+
+template <class T>
+graph_conv_spec graph_spec(const conv_key& key, const conv2d_layout& lay, std::size_t ws_limit) {
+  const auto& x = key.x;
+  const auto& p = key.p;
+  graph_conv_spec s;
+  s.type = data_type<T>();
+  s.x = packed(x.n, x.c, x.h, x.w, x.layout, key.align_x);
+  s.w = packed(p.out_channels, x.c / p.groups, p.filter_h, p.filter_w, x.layout, key.align_w);
+  s.y = packed(lay.y.n, lay.y.c, lay.y.h, lay.y.w, x.layout, key.align_y);
+  s.pad = {p.pad_h, p.pad_w};
+  s.stride = {p.stride_h, p.stride_w};
+  s.dilation = {p.dilation_h, p.dilation_w};
+  s.strict_f32 = std::is_same_v<T, float>;
+  s.workspace_limit = ws_limit;
+  return s;
+}
+
+}  // namespace
+
 template <class T>
 result<std::shared_ptr<conv_plan>> cudnn_state::plan_for(cudnnHandle_t h, const conv_key& key,
                                                          const conv2d_layout& lay) {
@@ -393,6 +450,17 @@ result<std::shared_ptr<conv_plan>> cudnn_state::plan_for(cudnnHandle_t h, const 
   BOOST_OUTCOME_TRY(set_tensor(plan->y, lay.y, t));
   if (key.bias) {
     BOOST_OUTCOME_TRY(set_tensor(plan->bias, tensor_shape{1, p.out_channels, 1, 1, x.layout}, t));
+  }
+  if (api == conv_api::graph) {
+    // Any failure here (no engine passes, or cuDNN refuses the graph) leaves
+    // the shape to the legacy API, which reports its own errors.
+    if (auto g = graph_conv::build(h, graph_spec<T>(key, lay, workspace_limit))) {
+      plan->graph = std::move(g).value();
+      plan->workspace = plan->graph->workspace();
+      ++graph_plans;
+      return plans.insert(key, std::move(plan));
+    }
+    ++graph_fallbacks;
   }
   BOOST_OUTCOME_TRY(plan->filter.create("cudnnCreateFilterDescriptor"));
   BOOST_OUTCOME_TRY(ok(
@@ -443,6 +511,7 @@ result<std::shared_ptr<conv_plan>> cudnn_state::plan_for(cudnnHandle_t h, const 
     plan->workspace = ws;
     found = true;
   }
+  if (found) ++legacy_plans;
   if (!found)
     return make_error(errc::not_supported,
                       "cudnn_actor::conv2d_forward: no forward algorithm for this shape within "
@@ -491,12 +560,12 @@ asio::awaitable<result<gpu_ref<T>>> conv2d(std::shared_ptr<cudnn_state> st, tens
     BOOST_OUTCOME_CO_TRY(not_overlapping(op, "y", y, bias));
   }
 
-  const conv_key key{xs, p, dtype_of<T>, has_bias};
+  const conv_key shape_key{xs, p, dtype_of<T>, has_bias};
   using keep_t = std::tuple<gpu_ref<T>, gpu_ref<T>, gpu_ref<T>, std::shared_ptr<conv_plan>,
                             gpu_ref<std::uint8_t>, std::shared_ptr<cudnn_state>>;
   co_return co_await run_kernel(
       "cudnn", st->core.strm, st->how, y,
-      [st, key, lay, x, filter, bias, y, has_bias](launch& l) -> result<keep_t> {
+      [st, shape_key, lay, x, filter, bias, y, has_bias](launch& l) -> result<keep_t> {
         BOOST_OUTCOME_TRY(const T* px, l.read(x));
         BOOST_OUTCOME_TRY(const T* pf, l.read(filter));
         const T* pb = nullptr;
@@ -504,6 +573,10 @@ asio::awaitable<result<gpu_ref<T>>> conv2d(std::shared_ptr<cudnn_state> st, tens
           BOOST_OUTCOME_TRY(pb, l.read(bias));
         }
         BOOST_OUTCOME_TRY(T * py, l.write(y));
+        conv_key key = shape_key;
+        key.align_x = static_cast<std::uint8_t>(pointer_alignment(px));
+        key.align_w = static_cast<std::uint8_t>(pointer_alignment(pf));
+        key.align_y = static_cast<std::uint8_t>(pointer_alignment(py));
         std::lock_guard lk(st->core.enqueue_mu);
         BOOST_OUTCOME_TRY(auto h, st->get_handle());
         BOOST_OUTCOME_TRY(auto plan, st->plan_for<T>(h, key, lay));
@@ -514,10 +587,14 @@ asio::awaitable<result<gpu_ref<T>>> conv2d(std::shared_ptr<cudnn_state> st, tens
           BOOST_OUTCOME_TRY(std::uint8_t * w, l.write(ws));
           pws = w;
         }
-        BOOST_OUTCOME_TRY(
-            ok(cudnnConvolutionForward(h, &one, plan->x.h, px, plan->filter.h, pf, plan->conv.h,
-                                       plan->algo, pws, plan->workspace, &zero, plan->y.h, py),
-               "cudnnConvolutionForward"));
+        if (plan->graph) {
+          BOOST_OUTCOME_TRY(plan->graph->execute(h, px, pf, py, pws));
+        } else {
+          BOOST_OUTCOME_TRY(
+              ok(cudnnConvolutionForward(h, &one, plan->x.h, px, plan->filter.h, pf, plan->conv.h,
+                                         plan->algo, pws, plan->workspace, &zero, plan->y.h, py),
+                 "cudnnConvolutionForward"));
+        }
         if (has_bias) {
           BOOST_OUTCOME_TRY(
               ok(cudnnAddTensor(h, &one, plan->bias.h, pb, &one, plan->y.h, py), "cudnnAddTensor"));
@@ -784,6 +861,9 @@ cudnn_statistics cudnn_actor::statistics() const {
   s.algos_cached = st_->plans.size();
   s.workspace_bytes = st_->workspace.size();
   s.workspace_grows = st_->workspace_grows;
+  s.graph_plans = st_->graph_plans;
+  s.legacy_plans = st_->legacy_plans;
+  s.graph_fallbacks = st_->graph_fallbacks;
   return s;
 }
 

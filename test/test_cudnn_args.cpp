@@ -221,9 +221,14 @@ TEST_CASE("cudnn activation, softmax, batchnorm epsilon and options") {
   CHECK(detail::check_cudnn_options({}));
   check_bad(detail::check_cudnn_options({.algo_cache_size = 0}), "cudnn_actor::create",
             "algo_cache_size");
+  CHECK(detail::check_cudnn_options({.convolution_api = conv_api::legacy}));
+  check_bad(detail::check_cudnn_options({.convolution_api = static_cast<conv_api>(7)}),
+            "cudnn_actor::create", "convolution_api");
+  CHECK(to_string(conv_api::graph) == "graph");
+  CHECK(to_string(conv_api::legacy) == "legacy");
 }
 
-TEST_CASE("cudnn conv keys distinguish shape, params, type and bias") {
+TEST_CASE("cudnn conv keys distinguish shape, params, type, bias and alignment") {
   detail::conv_key a{{1, 2, 3, 4}, {}, dtype::f32, false};
   auto b = a;
   CHECK(a == b);
@@ -237,6 +242,9 @@ TEST_CASE("cudnn conv keys distinguish shape, params, type and bias") {
   CHECK(a != b);
   b = a;
   b.bias = true;
+  CHECK(a != b);
+  b = a;
+  b.align_y = 4;
   CHECK(a != b);
 }
 

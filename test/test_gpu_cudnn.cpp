@@ -118,19 +118,41 @@ struct cudnn_fixture : gpu_fixture {
     return r;
   }
 
+  /// `a` uploaded into a fresh buffer `skip` elements in (a view at that offset).
   template <class T>
-  void conv_case(tensor_shape xs, conv2d_params p, bool with_bias, double tol) {
+  gpu_ref<T> up_at(const std::vector<double>& v, std::size_t skip) {
+    if (skip == 0) return up<T>(v);
+    auto whole = up<T>(std::vector<double>(v.size() + skip, 0.0));
+    auto view = whole.subspan(skip, v.size()).value();
+    std::vector<T> h(v.size());
+    for (std::size_t i = 0; i < v.size(); ++i) h[i] = from_double<T>(v[i]);
+    REQUIRE(run(upload(std::span<const T>(h), view)));
+    return view;
+  }
+
+  /// One convolution on `a` against the CPU; every operand `skip` elements
+  /// into its buffer (0: as allocated, 256-byte aligned).
+  template <class T>
+  void conv_case(tensor_shape xs, conv2d_params p, bool with_bias, double tol,
+                 const cudnn_actor& a, std::size_t skip = 0) {
     auto lay = detail::check_conv2d("test", xs, p).value();
     auto x = random_values<T>(static_cast<std::size_t>(lay.x_elems), 11 + lay.x_elems);
     auto f = random_values<T>(static_cast<std::size_t>(lay.filter_elems), 23 + lay.filter_elems);
     auto b = random_values<T>(static_cast<std::size_t>(lay.bias_elems), 37);
     auto want = cpu_conv(xs, p, x, f, with_bias ? &b : nullptr, lay.y);
-    auto y = nan_buffer<T>(static_cast<std::size_t>(lay.y_elems));
-    auto r =
-        run(dnn.conv2d_forward(xs, p, up<T>(x), up<T>(f), with_bias ? up<T>(b) : gpu_ref<T>{}, y));
+    auto y = up_at<T>(std::vector<double>(static_cast<std::size_t>(lay.y_elems), NAN), skip);
+    auto r = run(a.conv2d_forward(xs, p, up_at<T>(x, skip), up_at<T>(f, skip),
+                                  with_bias ? up<T>(b) : gpu_ref<T>{}, y));
     REQUIRE(r);
     CHECK(rel_error(down(y), want) < tol);
   }
+  template <class T>
+  void conv_case(tensor_shape xs, conv2d_params p, bool with_bias, double tol) {
+    conv_case<T>(xs, p, with_bias, tol, dnn);
+  }
+
+  /// Every case in both layouts, both types, with and without bias, on `a`.
+  void all_conv_cases(const cudnn_actor& a, std::size_t skip = 0);
 };
 
 struct conv_case_def {
@@ -174,9 +196,7 @@ const std::vector<conv_case_def> conv_cases = {
       .groups = 6}},
 };
 
-}  // namespace
-
-TEST_CASE_FIXTURE(cudnn_fixture, "cudnn conv2d equals a naive CPU convolution") {
+void cudnn_fixture::all_conv_cases(const cudnn_actor& a, std::size_t skip) {
   for (auto layout : {tensor_layout::nchw, tensor_layout::nhwc})
     for (const auto& c : conv_cases)
       for (bool bias : {false, true}) {
@@ -185,15 +205,78 @@ TEST_CASE_FIXTURE(cudnn_fixture, "cudnn conv2d equals a naive CPU convolution") 
         CAPTURE(std::string(to_string(layout)));
         CAPTURE(c.p.groups);
         CAPTURE(bias);
-        conv_case<float>(xs, c.p, bias, 1e-5);
-        conv_case<half>(xs, c.p, bias, 1e-2);
+        CAPTURE(skip);
+        conv_case<float>(xs, c.p, bias, 1e-5, a, skip);
+        conv_case<half>(xs, c.p, bias, 1e-2, a, skip);
       }
+}
+
+constexpr std::size_t conv_runs = 2 * 4 * 2 * 2;  // layouts x cases x bias x types
+
+}  // namespace
+
+TEST_CASE_FIXTURE(cudnn_fixture, "cudnn conv2d equals a naive CPU convolution") {
+  all_conv_cases(dnn);
   auto s = dnn.statistics();
-  CHECK(s.algo_misses == 2 * conv_cases.size() * 2 * 2);
+  CHECK(s.algo_misses == conv_runs);
   CHECK(s.algos_cached == s.algo_misses);
-  // The same shapes again hit the cache.
+  // Every shape got a plan on one API; the default asks for the graph API
+  // first and the plain and strided shapes have graph engines.
+  CHECK(s.graph_plans + s.legacy_plans == s.algo_misses);
+  CHECK(s.graph_fallbacks == s.legacy_plans);
+  CHECK(s.graph_plans >= 8);
+  MESSAGE("graph API plans: " << s.graph_plans << ", legacy fallbacks: " << s.graph_fallbacks);
+  // The same shapes again hit the cache (new buffers: a new variant pack).
   conv_case<float>(conv_cases[0].x, conv_cases[0].p, false, 1e-5);
   CHECK(dnn.statistics().algo_hits == s.algo_hits + 1);
+}
+
+TEST_CASE_FIXTURE(cudnn_fixture, "cudnn conv2d on the legacy API equals the CPU convolution") {
+  auto legacy = cudnn_actor::create(dev, {.convolution_api = conv_api::legacy}).value();
+  all_conv_cases(legacy);
+  auto s = legacy.statistics();
+  CHECK(s.algo_misses == conv_runs);
+  CHECK(s.legacy_plans == conv_runs);
+  CHECK(s.graph_plans == 0);
+  CHECK(s.graph_fallbacks == 0);
+}
+
+TEST_CASE_FIXTURE(cudnn_fixture, "cudnn conv2d on operands that are not 16-byte aligned") {
+  // One element in: f32 pointers 4-byte aligned, f16 ones 2-byte. Graph
+  // engines are chosen for the alignment the pointers have, so these shapes
+  // get plans of their own (an engine assuming 16 bytes would read out of
+  // alignment and fault).
+  all_conv_cases(dnn, 1);
+  auto s = dnn.statistics();
+  CHECK(s.algo_misses == conv_runs);
+  CHECK(s.graph_plans + s.legacy_plans == conv_runs);
+  all_conv_cases(dnn, 0);
+  CHECK(dnn.statistics().algo_misses == 2 * conv_runs);
+}
+
+TEST_CASE_FIXTURE(cudnn_fixture, "cudnn conv2d reruns on the same buffers with new contents") {
+  // The second run reuses the plan and the variant pack of the first (same
+  // pointers); it must read the new contents and write the new output.
+  const tensor_shape xs{2, 16, 14, 14, tensor_layout::nhwc};
+  const conv2d_params p{.out_channels = 32, .filter_h = 3, .filter_w = 3, .pad_h = 1, .pad_w = 1};
+  auto lay = detail::check_conv2d("test", xs, p).value();
+  auto f = random_values<half>(static_cast<std::size_t>(lay.filter_elems), 5);
+  auto df = up<half>(f);
+  auto dx = nan_buffer<half>(static_cast<std::size_t>(lay.x_elems));
+  auto dy = nan_buffer<half>(static_cast<std::size_t>(lay.y_elems));
+  for (std::uint64_t seed : {101u, 202u, 303u}) {
+    auto x = random_values<half>(static_cast<std::size_t>(lay.x_elems), seed);
+    std::vector<half> hx(x.size());
+    for (std::size_t i = 0; i < x.size(); ++i) hx[i] = from_double<half>(x[i]);
+    REQUIRE(run(upload(std::span<const half>(hx), dx)));
+    REQUIRE(run(dnn.conv2d_forward(xs, p, dx, df, gpu_ref<half>{}, dy)));
+    CAPTURE(seed);
+    CHECK(rel_error(down(dy), cpu_conv(xs, p, x, f, nullptr, lay.y)) < 1e-2);
+  }
+  auto s = dnn.statistics();
+  CHECK(s.algo_misses == 1);
+  CHECK(s.algo_hits == 2);
+  CHECK(s.graph_plans == 1);
 }
 
 TEST_CASE_FIXTURE(cudnn_fixture, "cudnn activations equal their CPU definitions") {

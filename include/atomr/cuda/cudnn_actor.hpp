@@ -79,6 +79,18 @@ std::string_view to_string(tensor_layout l) noexcept;
 std::string_view to_string(activation_mode m) noexcept;
 std::string_view to_string(pooling_mode m) noexcept;
 
+/// Which cuDNN API runs convolutions (docs/design.md, "cuDNN convolutions").
+enum class conv_api : std::uint8_t {
+  /// The graph (backend) API: an execution plan finalized once per shape and
+  /// one cudnnBackendExecute per call. A shape for which no graph engine
+  /// passes (precision, workspace limit) runs on the legacy API instead.
+  graph,
+  /// cudnnConvolutionForward with the algorithm cached per shape.
+  legacy,
+};
+
+std::string_view to_string(conv_api a) noexcept;
+
 /// How a cudnn_actor is created.
 struct cudnn_options {
   /// The stream policy for the actor's one stream (owner name "cudnn");
@@ -91,6 +103,8 @@ struct cudnn_options {
   std::size_t workspace_limit = std::size_t{256} << 20;
   /// Convolution algorithm choices kept (per shape key); at least 1.
   std::size_t algo_cache_size = 64;
+  /// The API convolutions run on.
+  conv_api convolution_api = conv_api::graph;
 };
 
 /// A snapshot of an actor's algorithm cache and workspace.
@@ -100,6 +114,10 @@ struct cudnn_statistics {
   std::size_t algos_cached = 0;
   std::size_t workspace_bytes = 0;    ///< size of the workspace owned now
   std::uint64_t workspace_grows = 0;  ///< times a larger workspace was allocated
+  std::uint64_t graph_plans = 0;      ///< convolution plans built on the graph API
+  std::uint64_t legacy_plans = 0;     ///< convolution plans on the legacy API
+  /// Plans that asked for the graph API and fell back to the legacy one.
+  std::uint64_t graph_fallbacks = 0;
 };
 
 namespace detail {
@@ -148,7 +166,7 @@ result<void> check_activation(std::string_view op, const activation_params& p);
 result<void> check_softmax(std::string_view op, softmax_algorithm a);
 /// Finite and >= CUDNN_BN_MIN_EPSILON (and > 0: a zero variance would divide by zero).
 result<void> check_batchnorm_epsilon(std::string_view op, double epsilon);
-/// workspace_limit (any), algo_cache_size >= 1.
+/// workspace_limit (any), algo_cache_size >= 1, a known convolution_api.
 result<void> check_cudnn_options(const cudnn_options& o);
 
 /// What a convolution's algorithm is cached by.
@@ -157,6 +175,9 @@ struct conv_key {
   conv2d_params p;
   dtype type = dtype::f32;
   bool bias = false;
+  /// The alignment (bytes, <= 16) of the x, filter and y pointers: graph
+  /// engines are chosen for it.
+  std::uint8_t align_x = 0, align_w = 0, align_y = 0;
   friend auto operator<=>(const conv_key&, const conv_key&) = default;
 };
 
