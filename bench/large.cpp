@@ -103,7 +103,8 @@ void usage(std::FILE* to) {
                "  %-26s cufftExecC2C on a plan made once)\n"
                "  %-26s ResNet-50 3x3 conv, N=64 C=K=64 56x56 pad 1, f16 NHWC: cudnn_actor\n"
                "  %-26s vs cudnnBackendExecute (same engine rule); the rows ..._vs_legacy_call\n"
-               "  %-26s and ..._legacy_api compare with cudnnConvolutionForward\n"
+               "  %-26s and ..._legacy_api compare with cudnnConvolutionForward; the row\n"
+               "  %-26s ..._no_cuda_graphs has the actor's cuda_graphs option off\n"
                "Library time: co_await of the operation on an io_context; raw time: the\n"
                "call plus cudaStreamSynchronize. Prints medians (ms) and lib/raw, then the\n"
                "GPU time of each side (events recorded around its enqueue).\n"
@@ -128,7 +129,7 @@ void usage(std::FILE* to) {
                "\n"
                "Exit status: 0 success, 1 a library or CUDA error, 2 a result failed its check,\n"
                "64 bad usage, 69 no usable GPU.\n",
-               prog, w_sgemm_f32.data(), w_sgemm_tf32.data(), w_fft.data(), "", w_conv.data(), "", "");
+               prog, w_sgemm_f32.data(), w_sgemm_tf32.data(), w_fft.data(), "", w_conv.data(), "", "", "");
 }
 
 int usage_error(const std::string& what) {
@@ -1037,15 +1038,18 @@ struct raw_conv {
 struct conv_variant {
   std::string_view suffix;  ///< appended to the work's name
   cuda::conv_api lib_api;
-  bool raw_graph;  ///< the raw side on the graph API (else cudnnConvolutionForward)
+  bool lib_cuda_graphs;  ///< cudnn_options::cuda_graphs
+  bool raw_graph;        ///< the raw side on the graph API (else cudnnConvolutionForward)
 };
 constexpr conv_variant conv_variants[] = {
     // The library's default against the raw call of the same API and engine rule.
-    {"", cuda::conv_api::graph, true},
+    {"", cuda::conv_api::graph, true, true},
     // The library's default against the legacy call most cuDNN code makes.
-    {"_vs_legacy_call", cuda::conv_api::graph, false},
-    // Both on the legacy API (the comparison of runs (a) to (j)).
-    {"_legacy_api", cuda::conv_api::legacy, false},
+    {"_vs_legacy_call", cuda::conv_api::graph, true, false},
+    // Opt-in configurations: the graph API without CUDA graphs, and both
+    // sides on the legacy API (the comparison of runs (a) to (j)).
+    {"_no_cuda_graphs", cuda::conv_api::graph, false, true},
+    {"_legacy_api", cuda::conv_api::legacy, true, false},
 };
 
 asio::awaitable<result<void>> run_conv_variant(cuda::device dev, const config& cfg,
@@ -1067,7 +1071,8 @@ asio::awaitable<result<void>> run_conv_variant(cuda::device dev, const config& c
   BOOST_OUTCOME_CO_TRY(co_await cuda::upload(std::span<const half>(x), dx));
   BOOST_OUTCOME_CO_TRY(co_await cuda::upload(std::span<const half>(w), dw));
 
-  const cuda::cudnn_options copts{.how = cfg.how, .convolution_api = v.lib_api};
+  const cuda::cudnn_options copts{
+      .how = cfg.how, .convolution_api = v.lib_api, .cuda_graphs = v.lib_cuda_graphs};
   BOOST_OUTCOME_CO_TRY(auto dnn, cuda::cudnn_actor::create(dev, copts));
   const cuda::tensor_shape xs{cv_n, cv_c, cv_h, cv_w, cuda::tensor_layout::nhwc};
   const cuda::conv2d_params cp{
@@ -1120,7 +1125,8 @@ asio::awaitable<result<void>> run_conv_variant(cuda::device dev, const config& c
 
   row r;
   r.work = std::string(w_conv) + std::string(v.suffix);
-  r.library_default = v.lib_api == cuda::cudnn_options{}.convolution_api;
+  r.library_default = v.lib_api == cuda::cudnn_options{}.convolution_api &&
+                      v.lib_cuda_graphs == cuda::cudnn_options{}.cuda_graphs;
   r.lib = t.first;
   r.raw = t.second;
   r.gpu = g;
@@ -1169,6 +1175,10 @@ asio::awaitable<result<void>> run_conv_variant(cuda::device dev, const config& c
       {"lib_api", to_string(v.lib_api)},
       {"lib_graph_plans", st.graph_plans},
       {"lib_legacy_plans", st.legacy_plans},
+      {"lib_cuda_graphs", v.lib_cuda_graphs},
+      {"lib_cuda_graph_records", st.cuda_graph_records},
+      {"lib_cuda_graph_launches", st.cuda_graph_launches},
+      {"lib_cuda_graph_failures", st.cuda_graph_failures},
       {"raw_api", v.raw_graph ? "graph" : "legacy"},
       {"raw_algo", v.raw_graph ? "graph engine " + std::to_string(rg.engine)
                                : std::string(algo_name(rc.algo))},

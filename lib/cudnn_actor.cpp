@@ -351,25 +351,61 @@ struct cudnn_state {
         how(c),
         workspace_limit(o.workspace_limit),
         api(o.convolution_api),
+        cuda_graphs(o.cuda_graphs),
         plans(o.algo_cache_size) {}
   cudnn_state(const cudnn_state&) = delete;
   cudnn_state& operator=(const cudnn_state&) = delete;
   ~cudnn_state() {
     // The last keep-alive holding the state is released only after the GPU
     // finished with it; nothing is handed back to a dead context.
-    if (handle && core.dev.health() != health_state::poisoned) cudnnDestroy(handle);
+    // Plans first: graph-API execution plans were made with the handle.
+    plans.clear();
+    if (core.dev.health() == health_state::poisoned) return;
+    if (handle) cudnnDestroy(handle);
+    if (capture) cudaStreamDestroy(capture);
   }
 
   actor_core core;
   completion how;
   std::size_t workspace_limit;
   conv_api api;
+  bool cuda_graphs;
   // Everything below is guarded by core.enqueue_mu.
   cudnnHandle_t handle = nullptr;
   lru<conv_key, std::shared_ptr<conv_plan>> plans;
   gpu_ref<std::uint8_t> workspace;  // replaced (never resized) when a larger one is needed
   std::uint64_t workspace_grows = 0;
   std::uint64_t graph_plans = 0, legacy_plans = 0, graph_fallbacks = 0;
+  std::uint64_t graph_records = 0, graph_launches = 0, graph_failures = 0;
+  // A stream that never runs work: CUDA graphs are recorded on it (made on
+  // first need; null when cuda_graphs is off or it could not be made).
+  cudaStream_t capture = nullptr;
+  bool capture_tried = false;
+
+  /// The recording stream, made on first use. Lock held, device current.
+  cudaStream_t capture_stream() {
+    if (!cuda_graphs) return nullptr;
+    if (!capture_tried) {
+      capture_tried = true;
+      if (cudaStreamCreateWithFlags(&capture, cudaStreamNonBlocking) != cudaSuccess) {
+        capture = nullptr;
+        cudaGetLastError();
+      }
+    }
+    return capture;
+  }
+
+  /// Runs a graph-API plan and counts how it ran.
+  result<void> run_graph(conv_plan& plan, const void* x, const void* w, void* y, void* ws,
+                         std::shared_ptr<const recorded_exec>& keep) {
+    const bool could_record = !plan.graph->recording_failed();
+    BOOST_OUTCOME_TRY(auto how, plan.graph->execute(handle, core.strm.native_handle(),
+                                                    capture_stream(), x, w, y, ws, keep));
+    if (how == graph_run::captured) ++graph_records;
+    if (how != graph_run::executed) ++graph_launches;
+    if (could_record && plan.graph->recording_failed()) ++graph_failures;
+    return outcome::success();
+  }
 
   /// Creates the handle on first use and binds it to the actor's stream.
   /// Called with the lock held and the device current.
@@ -562,7 +598,8 @@ asio::awaitable<result<gpu_ref<T>>> conv2d(std::shared_ptr<cudnn_state> st, tens
 
   const conv_key shape_key{xs, p, dtype_of<T>, has_bias};
   using keep_t = std::tuple<gpu_ref<T>, gpu_ref<T>, gpu_ref<T>, std::shared_ptr<conv_plan>,
-                            gpu_ref<std::uint8_t>, std::shared_ptr<cudnn_state>>;
+                            gpu_ref<std::uint8_t>, std::shared_ptr<const recorded_exec>,
+                            std::shared_ptr<cudnn_state>>;
   co_return co_await run_kernel(
       "cudnn", st->core.strm, st->how, y,
       [st, shape_key, lay, x, filter, bias, y, has_bias](launch& l) -> result<keep_t> {
@@ -587,8 +624,9 @@ asio::awaitable<result<gpu_ref<T>>> conv2d(std::shared_ptr<cudnn_state> st, tens
           BOOST_OUTCOME_TRY(std::uint8_t * w, l.write(ws));
           pws = w;
         }
+        std::shared_ptr<const recorded_exec> rec;
         if (plan->graph) {
-          BOOST_OUTCOME_TRY(plan->graph->execute(h, px, pf, py, pws));
+          BOOST_OUTCOME_TRY(st->run_graph(*plan, px, pf, py, pws, rec));
         } else {
           BOOST_OUTCOME_TRY(
               ok(cudnnConvolutionForward(h, &one, plan->x.h, px, plan->filter.h, pf, plan->conv.h,
@@ -599,7 +637,7 @@ asio::awaitable<result<gpu_ref<T>>> conv2d(std::shared_ptr<cudnn_state> st, tens
           BOOST_OUTCOME_TRY(
               ok(cudnnAddTensor(h, &one, plan->bias.h, pb, &one, plan->y.h, py), "cudnnAddTensor"));
         }
-        return keep_t{x, filter, bias, std::move(plan), std::move(ws), st};
+        return keep_t{x, filter, bias, std::move(plan), std::move(ws), std::move(rec), st};
       });
 }
 
@@ -864,6 +902,9 @@ cudnn_statistics cudnn_actor::statistics() const {
   s.graph_plans = st_->graph_plans;
   s.legacy_plans = st_->legacy_plans;
   s.graph_fallbacks = st_->graph_fallbacks;
+  s.cuda_graph_records = st_->graph_records;
+  s.cuda_graph_launches = st_->graph_launches;
+  s.cuda_graph_failures = st_->graph_failures;
   return s;
 }
 

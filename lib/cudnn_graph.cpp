@@ -223,27 +223,84 @@ result<std::unique_ptr<graph_conv>> graph_conv::build(cudnnHandle_t h, const gra
                         std::to_string(s.workspace_limit) + " bytes)");
 }
 
-result<void> graph_conv::execute(cudnnHandle_t h, const void* x, const void* w, void* y,
-                                 void* ws) {
-  const std::array<const void*, 4> ptrs{x, w, y, ws};
-  if (!pack_.get() || ptrs != pack_ptrs_) {
-    // The pack holds only host values; the old one may go even while work
-    // enqueued with it still runs.
-    BOOST_OUTCOME_TRY(auto pack,
-                      backend_desc::make(CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR, "variant pack"));
-    const std::int64_t uids[] = {uid_x, uid_w, uid_y};
-    void* data[] = {const_cast<void*>(x), const_cast<void*>(w), y};
-    BOOST_OUTCOME_TRY(pack.set(CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS, CUDNN_TYPE_INT64, 3, uids,
-                               "variant pack uids"));
-    BOOST_OUTCOME_TRY(pack.set(CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS, CUDNN_TYPE_VOID_PTR, 3, data,
-                               "variant pack pointers"));
-    BOOST_OUTCOME_TRY(pack.set(CUDNN_ATTR_VARIANT_PACK_WORKSPACE, CUDNN_TYPE_VOID_PTR, 1, &ws,
-                               "variant pack workspace"));
-    BOOST_OUTCOME_TRY(pack.finalize("variant pack"));
-    pack_ = std::move(pack);
-    pack_ptrs_ = ptrs;
+recorded_exec::~recorded_exec() {
+  // Released only after the GPU work that launched it is done (keep-alives).
+  if (exec) cudaGraphExecDestroy(exec);
+}
+
+result<void> graph_conv::bind(const std::array<const void*, 4>& ptrs) {
+  if (pack_.get() && ptrs == pack_ptrs_) return outcome::success();
+  // The pack holds only host values; the old one may go even while work
+  // enqueued with it still runs.
+  BOOST_OUTCOME_TRY(auto pack,
+                    backend_desc::make(CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR, "variant pack"));
+  const std::int64_t uids[] = {uid_x, uid_w, uid_y};
+  const void* data[] = {ptrs[0], ptrs[1], ptrs[2]};
+  BOOST_OUTCOME_TRY(pack.set(CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS, CUDNN_TYPE_INT64, 3, uids,
+                             "variant pack uids"));
+  BOOST_OUTCOME_TRY(pack.set(CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS, CUDNN_TYPE_VOID_PTR, 3, data,
+                             "variant pack pointers"));
+  BOOST_OUTCOME_TRY(pack.set(CUDNN_ATTR_VARIANT_PACK_WORKSPACE, CUDNN_TYPE_VOID_PTR, 1, &ptrs[3],
+                             "variant pack workspace"));
+  BOOST_OUTCOME_TRY(pack.finalize("variant pack"));
+  pack_ = std::move(pack);
+  pack_ptrs_ = ptrs;
+  return outcome::success();
+}
+
+std::shared_ptr<const recorded_exec> graph_conv::record(cudnnHandle_t h, cudaStream_t stream,
+                                                        cudaStream_t capture,
+                                                        const std::array<const void*, 4>& ptrs) {
+  // Thread-local capture: a call of this thread that is not capture-safe
+  // fails the recording (and this plan then executes directly); other
+  // threads are not affected.
+  if (cudnnSetStream(h, capture) != CUDNN_STATUS_SUCCESS) return nullptr;
+  cudaGraph_t graph = nullptr;
+  bool recorded = false;
+  if (cudaStreamBeginCapture(capture, cudaStreamCaptureModeThreadLocal) == cudaSuccess) {
+    const bool ran = cudnnBackendExecute(h, plan_.get(), pack_.get()) == CUDNN_STATUS_SUCCESS;
+    // Always ended, also after a failed execute (the capture may be invalidated).
+    recorded = cudaStreamEndCapture(capture, &graph) == cudaSuccess && ran && graph != nullptr;
   }
-  return ok(cudnnBackendExecute(h, plan_.get(), pack_.get()), "cudnnBackendExecute");
+  const bool restored = cudnnSetStream(h, stream) == CUDNN_STATUS_SUCCESS;
+  auto rec = std::make_shared<recorded_exec>();
+  if (recorded && restored && cudaGraphInstantiate(&rec->exec, graph, 0) != cudaSuccess)
+    rec->exec = nullptr;
+  if (graph) cudaGraphDestroy(graph);
+  // A failed capture leaves its error to be read; it is not the stream's.
+  cudaGetLastError();
+  if (!restored || !rec->exec) return nullptr;
+  rec->ptrs = ptrs;
+  return rec;
+}
+
+result<graph_run> graph_conv::execute(cudnnHandle_t h, cudaStream_t stream, cudaStream_t capture,
+                                      const void* x, const void* w, void* y, void* ws,
+                                      std::shared_ptr<const recorded_exec>& keep) {
+  const std::array<const void*, 4> ptrs{x, w, y, ws};
+  graph_run how = graph_run::executed;
+  if (recorded_ && recorded_->ptrs == ptrs) {
+    how = graph_run::replayed;
+  } else if (capture && !record_failed_ && ptrs == last_ptrs_) {
+    BOOST_OUTCOME_TRY(bind(ptrs));
+    if (auto rec = record(h, stream, capture, ptrs)) {
+      recorded_ = std::move(rec);
+      how = graph_run::captured;
+    } else {
+      record_failed_ = true;
+    }
+  }
+  last_ptrs_ = ptrs;
+  if (how == graph_run::executed) {
+    BOOST_OUTCOME_TRY(bind(ptrs));
+    BOOST_OUTCOME_TRY(ok(cudnnBackendExecute(h, plan_.get(), pack_.get()), "cudnnBackendExecute"));
+    keep.reset();
+    return how;
+  }
+  if (auto e = cudaGraphLaunch(recorded_->exec, stream); e != cudaSuccess)
+    return classify(e, "cudaGraphLaunch (a recorded cuDNN convolution)");
+  keep = recorded_;
+  return how;
 }
 
 }  // namespace atomr::cuda::detail

@@ -5,6 +5,7 @@
 
 #include <atomr/cuda/error.hpp>
 
+#include <cuda_runtime.h>
 #include <cudnn.h>
 
 #include <array>
@@ -57,6 +58,23 @@ struct graph_conv_spec {
   std::size_t workspace_limit = 0;
 };
 
+/// How one graph_conv::execute ran.
+enum class graph_run : std::uint8_t {
+  executed,  ///< cudnnBackendExecute on the stream
+  captured,  ///< recorded into a CUDA graph now, and that graph launched
+  replayed,  ///< the CUDA graph recorded earlier for these pointers launched
+};
+
+/// A CUDA graph holding one recorded execution, for fixed pointers.
+struct recorded_exec {
+  cudaGraphExec_t exec = nullptr;
+  std::array<const void*, 4> ptrs{};  // x, w, y, workspace
+  recorded_exec() = default;
+  recorded_exec(const recorded_exec&) = delete;
+  recorded_exec& operator=(const recorded_exec&) = delete;
+  ~recorded_exec();
+};
+
 /// A finalized execution plan for one convolution shape, and the variant
 /// pack of the pointers it last ran with (rebuilt only when they change).
 /// Not thread-safe: the owner serializes build and execute (the actor's lock).
@@ -69,8 +87,19 @@ public:
   static result<std::unique_ptr<graph_conv>> build(cudnnHandle_t h, const graph_conv_spec& s);
 
   std::size_t workspace() const noexcept { return workspace_; }
-  /// Enqueues y = conv(x, w) on the handle's stream. `ws` holds workspace() bytes.
-  result<void> execute(cudnnHandle_t h, const void* x, const void* w, void* y, void* ws);
+  /// A recording failed: this plan no longer tries to record.
+  bool recording_failed() const noexcept { return record_failed_; }
+  /// Enqueues y = conv(x, w) on `stream`, the handle's stream. `ws` holds
+  /// workspace() bytes. With a `capture` stream (one that never runs work,
+  /// used only to record), the second call in a row with the same pointers
+  /// records the execution into a CUDA graph and launches it, and later
+  /// calls with those pointers launch it again: one cudaGraphLaunch instead
+  /// of cudnnBackendExecute's host work. If recording fails once, this plan
+  /// executes directly from then on. `keep` receives the graph the GPU work
+  /// uses (null when none), to stay alive until that work is done.
+  result<graph_run> execute(cudnnHandle_t h, cudaStream_t stream, cudaStream_t capture,
+                            const void* x, const void* w, void* y, void* ws,
+                            std::shared_ptr<const recorded_exec>& keep);
 
 private:
   graph_conv() = default;
@@ -79,6 +108,15 @@ private:
   backend_desc pack_;
   std::array<const void*, 4> pack_ptrs_{};  // x, w, y, workspace of pack_
   std::size_t workspace_ = 0;
+  std::shared_ptr<const recorded_exec> recorded_;
+  std::array<const void*, 4> last_ptrs_{};  // of the previous call
+  bool record_failed_ = false;
+
+  result<void> bind(const std::array<const void*, 4>& ptrs);
+  /// Records one execution on `capture` into a CUDA graph; null on failure.
+  std::shared_ptr<const recorded_exec> record(cudnnHandle_t h, cudaStream_t stream,
+                                              cudaStream_t capture,
+                                              const std::array<const void*, 4>& ptrs);
 };
 
 /// The alignment of `p` in bytes, capped at 16 (what cuDNN's engines ask for).

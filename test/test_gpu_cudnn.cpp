@@ -255,8 +255,9 @@ TEST_CASE_FIXTURE(cudnn_fixture, "cudnn conv2d on operands that are not 16-byte 
 }
 
 TEST_CASE_FIXTURE(cudnn_fixture, "cudnn conv2d reruns on the same buffers with new contents") {
-  // The second run reuses the plan and the variant pack of the first (same
-  // pointers); it must read the new contents and write the new output.
+  // Same pointers each time: the first run executes the plan, the second
+  // records it into a CUDA graph and launches that, later ones launch it
+  // again. Every run must read the new contents and write the new output.
   const tensor_shape xs{2, 16, 14, 14, tensor_layout::nhwc};
   const conv2d_params p{.out_channels = 32, .filter_h = 3, .filter_w = 3, .pad_h = 1, .pad_w = 1};
   auto lay = detail::check_conv2d("test", xs, p).value();
@@ -264,19 +265,41 @@ TEST_CASE_FIXTURE(cudnn_fixture, "cudnn conv2d reruns on the same buffers with n
   auto df = up<half>(f);
   auto dx = nan_buffer<half>(static_cast<std::size_t>(lay.x_elems));
   auto dy = nan_buffer<half>(static_cast<std::size_t>(lay.y_elems));
-  for (std::uint64_t seed : {101u, 202u, 303u}) {
-    auto x = random_values<half>(static_cast<std::size_t>(lay.x_elems), seed);
+  auto dy2 = nan_buffer<half>(static_cast<std::size_t>(lay.y_elems));
+  std::uint64_t seed = 100;
+  // One run into `out` with fresh contents of dx, checked against the CPU.
+  auto run_into = [&](const gpu_ref<half>& out, const cudnn_actor& a) {
+    auto x = random_values<half>(static_cast<std::size_t>(lay.x_elems), ++seed);
     std::vector<half> hx(x.size());
     for (std::size_t i = 0; i < x.size(); ++i) hx[i] = from_double<half>(x[i]);
     REQUIRE(run(upload(std::span<const half>(hx), dx)));
-    REQUIRE(run(dnn.conv2d_forward(xs, p, dx, df, gpu_ref<half>{}, dy)));
+    REQUIRE(run(fill_bytes(out, 0xFF)));
+    REQUIRE(run(a.conv2d_forward(xs, p, dx, df, gpu_ref<half>{}, out)));
     CAPTURE(seed);
-    CHECK(rel_error(down(dy), cpu_conv(xs, p, x, f, nullptr, lay.y)) < 1e-2);
-  }
+    CHECK(rel_error(down(out), cpu_conv(xs, p, x, f, nullptr, lay.y)) < 1e-2);
+  };
+  for (int i = 0; i < 3; ++i) run_into(dy, dnn);
   auto s = dnn.statistics();
   CHECK(s.algo_misses == 1);
   CHECK(s.algo_hits == 2);
   CHECK(s.graph_plans == 1);
+  CHECK(s.cuda_graph_failures == 0);
+  CHECK(s.cuda_graph_records == 1);
+  CHECK(s.cuda_graph_launches == 2);
+  // Other pointers: executed directly; then the recorded ones again: replayed.
+  run_into(dy2, dnn);
+  CHECK(dnn.statistics().cuda_graph_launches == 2);
+  run_into(dy, dnn);
+  CHECK(dnn.statistics().cuda_graph_launches == 3);
+  CHECK(dnn.statistics().cuda_graph_records == 1);
+  // Alternating buffers never record; with cuda_graphs off nothing records.
+  auto plain = cudnn_actor::create(dev, {.cuda_graphs = false}).value();
+  for (int i = 0; i < 3; ++i) run_into(i % 2 ? dy2 : dy, dnn);
+  for (int i = 0; i < 3; ++i) run_into(dy, plain);
+  CHECK(dnn.statistics().cuda_graph_records == 1);
+  CHECK(plain.statistics().cuda_graph_records == 0);
+  CHECK(plain.statistics().cuda_graph_launches == 0);
+  CHECK(plain.statistics().graph_plans == 1);
 }
 
 TEST_CASE_FIXTURE(cudnn_fixture, "cudnn activations equal their CPU definitions") {

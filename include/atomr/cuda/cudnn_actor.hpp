@@ -105,6 +105,10 @@ struct cudnn_options {
   std::size_t algo_cache_size = 64;
   /// The API convolutions run on.
   conv_api convolution_api = conv_api::graph;
+  /// Graph API only: a convolution run twice in a row on the same buffers
+  /// is recorded into a CUDA graph, and later runs on those buffers launch
+  /// it (cudaGraphLaunch instead of cudnnBackendExecute's host work).
+  bool cuda_graphs = true;
 };
 
 /// A snapshot of an actor's algorithm cache and workspace.
@@ -118,6 +122,9 @@ struct cudnn_statistics {
   std::uint64_t legacy_plans = 0;     ///< convolution plans on the legacy API
   /// Plans that asked for the graph API and fell back to the legacy one.
   std::uint64_t graph_fallbacks = 0;
+  std::uint64_t cuda_graph_records = 0;   ///< convolutions recorded into a CUDA graph
+  std::uint64_t cuda_graph_launches = 0;  ///< convolutions run as a recorded CUDA graph
+  std::uint64_t cuda_graph_failures = 0;  ///< recordings that failed (the plan then executes)
 };
 
 namespace detail {
