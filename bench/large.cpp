@@ -129,7 +129,8 @@ void usage(std::FILE* to) {
                "\n"
                "Exit status: 0 success, 1 a library or CUDA error, 2 a result failed its check,\n"
                "64 bad usage, 69 no usable GPU.\n",
-               prog, w_sgemm_f32.data(), w_sgemm_tf32.data(), w_fft.data(), "", w_conv.data(), "", "", "");
+               prog, w_sgemm_f32.data(), w_sgemm_tf32.data(), w_fft.data(), "", w_conv.data(), "",
+               "", "");
 }
 
 int usage_error(const std::string& what) {
@@ -1083,9 +1084,8 @@ asio::awaitable<result<void>> run_conv_variant(cuda::device dev, const config& c
   raw_conv rc;  // the legacy side (its handle serves the graph side too)
   BOOST_OUTCOME_CO_TRY(rc.setup(rs.h, copts.workspace_limit));
   raw_graph::conv rg;
-  if (v.raw_graph &&
-      !rg.plan_for(rc.handle.h, cv_n, cv_c, cv_h, cv_w, cv_k, cv_r, cv_s, cv_pad,
-                   copts.workspace_limit))
+  if (v.raw_graph && !rg.plan_for(rc.handle.h, cv_n, cv_c, cv_h, cv_w, cv_k, cv_r, cv_s, cv_pad,
+                                  copts.workspace_limit))
     co_return cudnn_ok(rg.a.status, rg.a.failed_call.c_str()).error();
   const std::size_t raw_ws = v.raw_graph ? static_cast<std::size_t>(rg.workspace) : rc.workspace;
   cuda::gpu_ref<std::uint8_t> dws;
@@ -1180,8 +1180,8 @@ asio::awaitable<result<void>> run_conv_variant(cuda::device dev, const config& c
       {"lib_cuda_graph_launches", st.cuda_graph_launches},
       {"lib_cuda_graph_failures", st.cuda_graph_failures},
       {"raw_api", v.raw_graph ? "graph" : "legacy"},
-      {"raw_algo", v.raw_graph ? "graph engine " + std::to_string(rg.engine)
-                               : std::string(algo_name(rc.algo))},
+      {"raw_algo",
+       v.raw_graph ? "graph engine " + std::to_string(rg.engine) : std::string(algo_name(rc.algo))},
       {"raw_math", v.raw_graph ? "f32 accumulation" : math_name(rc.math)},
       {"raw_workspace_bytes", raw_ws},
       {"algo_choice",

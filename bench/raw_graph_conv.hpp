@@ -45,8 +45,8 @@ public:
     return status == CUDNN_STATUS_SUCCESS;
   }
   template <class V>
-  void put(cudnnBackendDescriptor_t d, cudnnBackendAttributeName_t a,
-           cudnnBackendAttributeType_t t, std::int64_t n, const V* v) {
+  void put(cudnnBackendDescriptor_t d, cudnnBackendAttributeName_t a, cudnnBackendAttributeType_t t,
+           std::int64_t n, const V* v) {
     if (status == CUDNN_STATUS_SUCCESS)
       step(cudnnBackendSetAttribute(d, a, t, n, v), "cudnnBackendSetAttribute");
   }
@@ -70,8 +70,8 @@ struct conv {
 
   /// NHWC x (n, c, h, w), KRSC filter (k, c, r, s), stride 1, `pad` on
   /// every side, f16 data with f32 accumulation. Then call `bind`.
-  bool plan_for(cudnnHandle_t h, std::int64_t n, std::int64_t c, std::int64_t hh,
-                std::int64_t ww, std::int64_t k, std::int64_t r, std::int64_t s, std::int64_t pad,
+  bool plan_for(cudnnHandle_t h, std::int64_t n, std::int64_t c, std::int64_t hh, std::int64_t ww,
+                std::int64_t k, std::int64_t r, std::int64_t s, std::int64_t pad,
                 std::size_t workspace_limit) {
     const std::int64_t oh = hh + 2 * pad - r + 1, ow = ww + 2 * pad - s + 1;
     auto tensor = [&](std::int64_t uid, std::array<std::int64_t, 4> d) {
@@ -133,7 +133,8 @@ struct conv {
                 "heuristics count"))
       return false;
     std::vector<cudnnBackendDescriptor_t> cfgs;
-    for (std::int64_t i = 0; i < count; ++i) cfgs.push_back(a.make(CUDNN_BACKEND_ENGINECFG_DESCRIPTOR));
+    for (std::int64_t i = 0; i < count; ++i)
+      cfgs.push_back(a.make(CUDNN_BACKEND_ENGINECFG_DESCRIPTOR));
     std::int64_t got = 0;
     if (count == 0 ||
         !a.step(cudnnBackendGetAttribute(heur, CUDNN_ATTR_ENGINEHEUR_RESULTS,

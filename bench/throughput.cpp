@@ -129,6 +129,7 @@ struct options {
   long long max_batch = -1;       // -1: the device's default
   long long launch_threads = -1;  // -1: the device's default
   long long busy_poll_us = -1;    // -1: the device's default
+  long long graph_cache = -1;     // -1: blas_options' default
   int device = 0;
   std::string json;
 };
@@ -169,6 +170,8 @@ void print_usage(std::FILE* to) {
                "                     library's default; 0 = batches run on the io threads)\n"
                "  --busy-poll-us U   device_options::busy_poll_interval in us, 0..1000\n"
                "                     (default: the library's default)\n"
+               "  --graph-cache N    blas_options::cuda_graph_cache, 0..65536; 0 = gemm calls\n"
+               "                     never recorded as CUDA graphs (default: the library's)\n"
                "  --seconds S        timed seconds per window, > 0 and <= %.0f (default 1)\n"
                "  --min-ops N        at least N operations per window, 1..%lld\n"
                "                     (default 20000)\n"
@@ -231,10 +234,10 @@ std::optional<int> parse_args(int argc, char** argv, options& o) {
     if (u.rfind("--", 0) == 0) return usage_error("option '" + u + "' needs a value");
     return usage_error("unexpected argument '" + u + "'");
   }
-  static const char* const known[] = {"threads",   "coroutines",     "work",        "actors",
-                                      "pin",       "seconds",        "min-ops",     "warmup",
-                                      "rounds",    "device",         "json",        "help",
-                                      "max-batch", "launch-threads", "busy-poll-us"};
+  static const char* const known[] = {"threads",   "coroutines",     "work",         "actors",
+                                      "pin",       "seconds",        "min-ops",      "warmup",
+                                      "rounds",    "device",         "json",         "help",
+                                      "max-batch", "launch-threads", "busy-poll-us", "graph-cache"};
   for (const auto& [k, v] : a.kv) {
     bool ok = false;
     for (const char* name : known) ok = ok || k == name;
@@ -283,6 +286,7 @@ std::optional<int> parse_args(int argc, char** argv, options& o) {
   if (auto r = integer("max-batch", 1, 1 << 20, o.max_batch)) return r;
   if (auto r = integer("launch-threads", 0, 64, o.launch_threads)) return r;
   if (auto r = integer("busy-poll-us", 0, 1000, o.busy_poll_us)) return r;
+  if (auto r = integer("graph-cache", 0, 1 << 16, o.graph_cache)) return r;
   if (a.has("work")) {
     for (const auto& name : split(a.get("work"))) {
       bool found = false;
@@ -437,14 +441,19 @@ struct actor_pool {
   }
 };
 
-cuda::result<actor_pool> make_actors(const cuda::device& dev, family f, unsigned count) {
+cuda::result<actor_pool> make_actors(const cuda::device& dev, family f, unsigned count,
+                                     long long graph_cache) {
   actor_pool p;
   for (unsigned i = 0; i < count; ++i) {
     switch (f) {
       case family::sgemm: {
         BOOST_OUTCOME_TRY(
             auto b, cuda::blas_actor::create(
-                        dev, {.streams = cuda::stream_policy::per_actor_fresh, .tf32 = false}));
+                        dev, {.streams = cuda::stream_policy::per_actor_fresh,
+                              .tf32 = false,
+                              .cuda_graph_cache = graph_cache >= 0
+                                                      ? static_cast<std::size_t>(graph_cache)
+                                                      : cuda::blas_options{}.cuda_graph_cache}));
         p.blas.push_back(std::move(b));
         break;
       }
@@ -759,7 +768,7 @@ public:
       fail_.add(ctl_.where + ": device::open returned a device bound to another io_context");
       return false;
     }
-    auto made = make_actors(dev, w_.fam, actors_);
+    auto made = make_actors(dev, w_.fam, actors_, o_.graph_cache);
     if (!made) {
       fail_.add(ctl_.where + ": creating the actors failed: " + describe(made.error()));
       return false;
@@ -1266,6 +1275,11 @@ int run(const options& o, const std::string& command) {
               static_cast<std::int64_t>(o.busy_poll_us >= 0
                                             ? o.busy_poll_us
                                             : cuda::device_options{}.busy_poll_interval.count())},
+             {"blas_graph_cache",
+              static_cast<std::int64_t>(
+                  o.graph_cache >= 0
+                      ? o.graph_cache
+                      : static_cast<long long>(cuda::blas_options{}.cuda_graph_cache))},
              {"ops_per_s", s.ops_per_s},
              {"raw_ceiling_ops_per_s", s.raw_ops_per_s},
              {"ratio", s.ratio},

@@ -2,7 +2,10 @@
 // run_kernel per operation.
 #include <atomr/cuda/blas_actor.hpp>
 
+#include "cuda_graph_record.hpp"
+
 #include <atomr/cuda/detail/actor_core.hpp>
+#include <atomr/cuda/detail/lru.hpp>
 #include <atomr/cuda/pinned.hpp>
 #include <atomr/cuda/run_kernel.hpp>
 
@@ -10,6 +13,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <bit>
 #include <climits>
 #include <cstdlib>
 #include <functional>
@@ -22,15 +26,33 @@ namespace atomr::cuda {
 
 namespace detail {
 
+/// Everything a recorded gemm baked in: the call's parameters, alpha and
+/// beta (bit patterns), the math mode and the three pointers.
+struct gemm_key {
+  dtype type = dtype::f32;
+  bool tf32 = false;
+  int ta = 0, tb = 0, m = 0, n = 0, k = 0, lda = 0, ldb = 0, ldc = 0;
+  std::uint64_t alpha = 0, beta = 0;
+  std::uintptr_t a = 0, b = 0, c = 0;
+  friend auto operator<=>(const gemm_key&, const gemm_key&) = default;
+};
+
 /// The shared state of a blas_actor and its copies.
 struct blas_state {
-  blas_state(device d, stream s, completion c) : core(std::move(d), std::move(s)), how(c) {}
+  blas_state(device d, stream s, completion c, std::size_t graph_cache)
+      : core(std::move(d), std::move(s)),
+        how(c),
+        graph_capacity(graph_cache),
+        gemm_graphs(graph_cache),
+        gemm_seen(graph_cache) {}
   blas_state(const blas_state&) = delete;
   blas_state& operator=(const blas_state&) = delete;
   ~blas_state() {
-    if (!handle) return;
+    gemm_graphs.clear();
     // Nothing is handed back to a dead context.
     if (core.dev.health() == health_state::poisoned) return;
+    capture.destroy();
+    if (!handle) return;
     cudaSetDevice(core.dev.ordinal());
     cublasDestroy(handle);  // teardown: errors deliberately ignored
   }
@@ -39,6 +61,22 @@ struct blas_state {
   completion how;
   cublasHandle_t handle = nullptr;  ///< used only under core.enqueue_mu
   std::atomic<bool> tf32{false};
+  // Recorded gemm calls; everything below is guarded by core.enqueue_mu.
+  const std::size_t graph_capacity;  // 0: recording off
+  lru<gemm_key, std::shared_ptr<const recorded_exec>> gemm_graphs;
+  lru<gemm_key, bool> gemm_seen;  // calls seen once (recorded when seen again)
+  recording_stream capture;
+  bool recording_failed = false;
+  std::uint64_t records = 0, launches = 0, failures = 0;
+
+  /// Runs `call()` (one cuBLAS enqueue on the handle's stream) directly, or
+  /// as the CUDA graph recorded for `key`: recorded the second time `key`
+  /// is seen, launched from then on. A call pattern wider than the cache
+  /// never records (seen and recorded entries age out alike). `keep`
+  /// receives the graph the GPU work uses. Lock held, device current.
+  template <class Call>
+  result<void> run_recorded(const gemm_key& key, std::string_view name, Call&& call,
+                            std::shared_ptr<const recorded_exec>& keep);
 };
 
 namespace {
@@ -301,6 +339,45 @@ result<void> cublas_ok(cublasStatus_t st, std::string_view call) {
   return classify(st, call);
 }
 
+}  // namespace
+
+template <class Call>
+result<void> detail::blas_state::run_recorded(const gemm_key& key, std::string_view name,
+                                              Call&& call,
+                                              std::shared_ptr<const recorded_exec>& keep) {
+  if (graph_capacity == 0 || recording_failed) return cublas_ok(call(), name);
+  const cudaStream_t own = core.strm.native_handle();
+  if (auto* rec = gemm_graphs.find(key)) {
+    keep = *rec;
+  } else if (gemm_seen.find(key) == nullptr) {
+    gemm_seen.insert(key, true);
+    return cublas_ok(call(), name);
+  } else {
+    // Seen before: record it on the recording stream, then launch it.
+    const cudaStream_t cap = capture.get();
+    std::shared_ptr<const recorded_exec> rec;
+    if (cap && cublasSetStream(handle, cap) == CUBLAS_STATUS_SUCCESS) {
+      rec = record_graph(cap, [&] { return call() == CUBLAS_STATUS_SUCCESS; });
+      // The handle goes back to its stream whatever happened (this also
+      // resets it to cuBLAS's default workspace, which it used before).
+      BOOST_OUTCOME_TRY(cublas_ok(cublasSetStream(handle, own), "cublasSetStream"));
+    }
+    if (!rec) {
+      recording_failed = true;
+      ++failures;
+      return cublas_ok(call(), name);
+    }
+    ++records;
+    keep = gemm_graphs.insert(key, std::move(rec));
+  }
+  if (auto e = cudaGraphLaunch(keep->exec, own); e != cudaSuccess)
+    return classify(e, "cudaGraphLaunch (a recorded " + std::string(name) + ")");
+  ++launches;
+  return outcome::success();
+}
+
+namespace {
+
 // --- gemm, by element type
 
 template <class T>
@@ -391,19 +468,38 @@ asio::awaitable<result<gpu_ref<T>>> do_gemm(state_ptr st, gemm_params p, gpu_ref
   auto g = detail::check_gemm(p, a.size(), b.size(), c.size());
   if (!g) co_return tag(g.error());
   if (auto ok = check_abc("gemm", core.dev, a, b, c, g.value()); !ok) co_return tag(ok.error());
-  using keep = std::tuple<gpu_ref<T>, gpu_ref<T>, state_ptr>;
+  using keep =
+      std::tuple<gpu_ref<T>, gpu_ref<T>, std::shared_ptr<const detail::recorded_exec>, state_ptr>;
   co_return co_await run_kernel(k_lib, core.strm, st->how, c, [&](launch& l) -> result<keep> {
     BOOST_OUTCOME_TRY(const T* pa, l.read(a));
     BOOST_OUTCOME_TRY(const T* pb, l.read(b));
     BOOST_OUTCOME_TRY(T * pc, l.write(c));
-    cublasStatus_t s;
+    const auto& gp = g.value();
+    const auto ta = to_cublas(p.transa), tb = to_cublas(p.transb);
+    auto call = [&] {
+      return gemm_traits<T>::gemm(st->handle, ta, tb, gp, p.alpha, p.beta, pa, pb, pc);
+    };
+    std::shared_ptr<const detail::recorded_exec> rec;
     {
       std::lock_guard lk(core.enqueue_mu);
-      s = gemm_traits<T>::gemm(st->handle, to_cublas(p.transa), to_cublas(p.transb), g.value(),
-                               p.alpha, p.beta, pa, pb, pc);
+      const detail::gemm_key key{dtype_of<T>,
+                                 st->tf32.load(std::memory_order_relaxed),
+                                 static_cast<int>(ta),
+                                 static_cast<int>(tb),
+                                 gp.m,
+                                 gp.n,
+                                 gp.k,
+                                 gp.lda,
+                                 gp.ldb,
+                                 gp.ldc,
+                                 std::bit_cast<std::uint64_t>(p.alpha),
+                                 std::bit_cast<std::uint64_t>(p.beta),
+                                 reinterpret_cast<std::uintptr_t>(pa),
+                                 reinterpret_cast<std::uintptr_t>(pb),
+                                 reinterpret_cast<std::uintptr_t>(pc)};
+      BOOST_OUTCOME_TRY(st->run_recorded(key, gemm_traits<T>::name, call, rec));
     }
-    BOOST_OUTCOME_TRY(cublas_ok(s, gemm_traits<T>::name));
-    return keep{a, b, st};
+    return keep{a, b, std::move(rec), st};
   });
 }
 
@@ -707,7 +803,7 @@ result<blas_actor> blas_actor::create(device dev, blas_options options) {
   auto s = dev.acquire_stream(options.streams.value_or(dev.options().streams), k_lib);
   if (!s) return tag(s.error());
   const completion how = options.how.value_or(dev.options().default_completion);
-  auto st = std::make_shared<blas_state>(dev, std::move(s).value(), how);
+  auto st = std::make_shared<blas_state>(dev, std::move(s).value(), how, options.cuda_graph_cache);
 
   if (auto e = cudaSetDevice(dev.ordinal()); e != cudaSuccess)
     return tag(classify(e, "cudaSetDevice"));
@@ -737,6 +833,16 @@ const completion& blas_actor::get_completion() const noexcept {
 }
 bool blas_actor::tf32() const noexcept {
   return st_->tf32.load();
+}
+
+blas_statistics blas_actor::statistics() const {
+  std::lock_guard lk(st_->core.enqueue_mu);
+  blas_statistics s;
+  s.gemm_graph_records = st_->records;
+  s.gemm_graph_launches = st_->launches;
+  s.gemm_graph_failures = st_->failures;
+  s.gemm_graphs_cached = st_->gemm_graphs.size();
+  return s;
 }
 
 result<void> blas_actor::set_tf32(bool on) {

@@ -362,7 +362,7 @@ struct cudnn_state {
     plans.clear();
     if (core.dev.health() == health_state::poisoned) return;
     if (handle) cudnnDestroy(handle);
-    if (capture) cudaStreamDestroy(capture);
+    capture.destroy();
   }
 
   actor_core core;
@@ -377,23 +377,10 @@ struct cudnn_state {
   std::uint64_t workspace_grows = 0;
   std::uint64_t graph_plans = 0, legacy_plans = 0, graph_fallbacks = 0;
   std::uint64_t graph_records = 0, graph_launches = 0, graph_failures = 0;
-  // A stream that never runs work: CUDA graphs are recorded on it (made on
-  // first need; null when cuda_graphs is off or it could not be made).
-  cudaStream_t capture = nullptr;
-  bool capture_tried = false;
+  recording_stream capture;  // CUDA graphs are recorded on it
 
-  /// The recording stream, made on first use. Lock held, device current.
-  cudaStream_t capture_stream() {
-    if (!cuda_graphs) return nullptr;
-    if (!capture_tried) {
-      capture_tried = true;
-      if (cudaStreamCreateWithFlags(&capture, cudaStreamNonBlocking) != cudaSuccess) {
-        capture = nullptr;
-        cudaGetLastError();
-      }
-    }
-    return capture;
-  }
+  /// The recording stream (null when cuda_graphs is off). Lock held, device current.
+  cudaStream_t capture_stream() { return cuda_graphs ? capture.get() : nullptr; }
 
   /// Runs a graph-API plan and counts how it ran.
   result<void> run_graph(conv_plan& plan, const void* x, const void* w, void* y, void* ws,
@@ -443,8 +430,8 @@ namespace {
 
 /// A packed 4-D operand in cuDNN's logical order (N, C, H, W or K, C, R, S)
 /// stored as `l` says (NCHW/KCRS or NHWC/KRSC).
-graph_tensor packed(std::int64_t n, std::int64_t c, std::int64_t h, std::int64_t w,
-                    tensor_layout l, std::uint8_t alignment) {
+graph_tensor packed(std::int64_t n, std::int64_t c, std::int64_t h, std::int64_t w, tensor_layout l,
+                    std::uint8_t alignment) {
   graph_tensor t;
   t.dims = {n, c, h, w};
   if (l == tensor_layout::nhwc)

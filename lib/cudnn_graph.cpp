@@ -30,8 +30,8 @@ constexpr std::int64_t uid_x = 1, uid_w = 2, uid_y = 3;
 
 result<backend_desc> make_tensor(std::int64_t uid, const graph_tensor& t, cudnnDataType_t type) {
   BOOST_OUTCOME_TRY(auto d, backend_desc::make(CUDNN_BACKEND_TENSOR_DESCRIPTOR, "tensor"));
-  BOOST_OUTCOME_TRY(d.set(CUDNN_ATTR_TENSOR_DATA_TYPE, CUDNN_TYPE_DATA_TYPE, 1, &type,
-                          "tensor data type"));
+  BOOST_OUTCOME_TRY(
+      d.set(CUDNN_ATTR_TENSOR_DATA_TYPE, CUDNN_TYPE_DATA_TYPE, 1, &type, "tensor data type"));
   BOOST_OUTCOME_TRY(
       d.set(CUDNN_ATTR_TENSOR_DIMENSIONS, CUDNN_TYPE_INT64, 4, t.dims.data(), "tensor dims"));
   BOOST_OUTCOME_TRY(
@@ -76,17 +76,16 @@ result<bool> precision_ok(cudnnBackendDescriptor_t cfg, bool strict_f32) {
                                                 CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &n, &e),
                        "cudnnBackendGetAttribute(engine config's engine)"));
   std::array<cudnnBackendNumericalNote_t, CUDNN_NUMERICAL_NOTE_TYPE_COUNT> notes{};
-  BOOST_OUTCOME_TRY(ok(cudnnBackendGetAttribute(e, CUDNN_ATTR_ENGINE_NUMERICAL_NOTE,
-                                                CUDNN_TYPE_NUMERICAL_NOTE,
-                                                static_cast<std::int64_t>(notes.size()), &n,
-                                                notes.data()),
-                       "cudnnBackendGetAttribute(engine numerical notes)"));
+  BOOST_OUTCOME_TRY(
+      ok(cudnnBackendGetAttribute(e, CUDNN_ATTR_ENGINE_NUMERICAL_NOTE, CUDNN_TYPE_NUMERICAL_NOTE,
+                                  static_cast<std::int64_t>(notes.size()), &n, notes.data()),
+         "cudnnBackendGetAttribute(engine numerical notes)"));
   n = std::clamp<std::int64_t>(n, 0, static_cast<std::int64_t>(notes.size()));
   for (std::int64_t i = 0; i < n; ++i) {
     const auto note = notes[static_cast<std::size_t>(i)];
     if (note == CUDNN_NUMERICAL_NOTE_REDUCED_PRECISION_REDUCTION) return false;
-    if (strict_f32 &&
-        (note == CUDNN_NUMERICAL_NOTE_TENSOR_CORE || note == CUDNN_NUMERICAL_NOTE_DOWN_CONVERT_INPUTS))
+    if (strict_f32 && (note == CUDNN_NUMERICAL_NOTE_TENSOR_CORE ||
+                       note == CUDNN_NUMERICAL_NOTE_DOWN_CONVERT_INPUTS))
       return false;
   }
   return true;
@@ -136,8 +135,9 @@ result<std::unique_ptr<graph_conv>> graph_conv::build(cudnnHandle_t h, const gra
   BOOST_OUTCOME_TRY(auto y, make_tensor(uid_y, s.y, s.type));
   BOOST_OUTCOME_TRY(auto conv, make_convolution(s));
 
-  BOOST_OUTCOME_TRY(auto op, backend_desc::make(CUDNN_BACKEND_OPERATION_CONVOLUTION_FORWARD_DESCRIPTOR,
-                                                "convolution forward operation"));
+  BOOST_OUTCOME_TRY(auto op,
+                    backend_desc::make(CUDNN_BACKEND_OPERATION_CONVOLUTION_FORWARD_DESCRIPTOR,
+                                       "convolution forward operation"));
   const float alpha = 1.0f, beta = 0.0f;
   const std::pair<cudnnBackendAttributeName_t, cudnnBackendDescriptor_t> operands[] = {
       {CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_X, x.get()},
@@ -179,16 +179,17 @@ result<std::unique_ptr<graph_conv>> graph_conv::build(cudnnHandle_t h, const gra
   std::vector<backend_desc> cfgs;
   std::vector<cudnnBackendDescriptor_t> cfg_d;
   for (std::int64_t i = 0; i < count; ++i) {
-    BOOST_OUTCOME_TRY(auto c, backend_desc::make(CUDNN_BACKEND_ENGINECFG_DESCRIPTOR, "engine config"));
+    BOOST_OUTCOME_TRY(auto c,
+                      backend_desc::make(CUDNN_BACKEND_ENGINECFG_DESCRIPTOR, "engine config"));
     cfg_d.push_back(c.get());
     cfgs.push_back(std::move(c));
   }
   std::int64_t got = 0;
   if (count > 0) {
-    BOOST_OUTCOME_TRY(ok(cudnnBackendGetAttribute(heur.get(), CUDNN_ATTR_ENGINEHEUR_RESULTS,
-                                                  CUDNN_TYPE_BACKEND_DESCRIPTOR, count, &got,
-                                                  cfg_d.data()),
-                         "cudnnBackendGetAttribute(heuristics results)"));
+    BOOST_OUTCOME_TRY(
+        ok(cudnnBackendGetAttribute(heur.get(), CUDNN_ATTR_ENGINEHEUR_RESULTS,
+                                    CUDNN_TYPE_BACKEND_DESCRIPTOR, count, &got, cfg_d.data()),
+           "cudnnBackendGetAttribute(heuristics results)"));
   }
   got = std::clamp<std::int64_t>(got, 0, count);
   for (std::int64_t i = 0; i < got; ++i) {
@@ -198,7 +199,8 @@ result<std::unique_ptr<graph_conv>> graph_conv::build(cudnnHandle_t h, const gra
     if (!precise || !precise.value()) continue;
     auto plan = backend_desc::make(CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR, "execution plan");
     if (!plan) return plan.error();
-    if (!plan.value().set(CUDNN_ATTR_EXECUTION_PLAN_HANDLE, CUDNN_TYPE_HANDLE, 1, &h, "plan handle"))
+    if (!plan.value().set(CUDNN_ATTR_EXECUTION_PLAN_HANDLE, CUDNN_TYPE_HANDLE, 1, &h,
+                          "plan handle"))
       continue;
     if (!plan.value().set(CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1,
                           &cfg, "plan engine config"))
@@ -223,11 +225,6 @@ result<std::unique_ptr<graph_conv>> graph_conv::build(cudnnHandle_t h, const gra
                         std::to_string(s.workspace_limit) + " bytes)");
 }
 
-recorded_exec::~recorded_exec() {
-  // Released only after the GPU work that launched it is done (keep-alives).
-  if (exec) cudaGraphExecDestroy(exec);
-}
-
 result<void> graph_conv::bind(const std::array<const void*, 4>& ptrs) {
   if (pack_.get() && ptrs == pack_ptrs_) return outcome::success();
   // The pack holds only host values; the old one may go even while work
@@ -236,8 +233,8 @@ result<void> graph_conv::bind(const std::array<const void*, 4>& ptrs) {
                     backend_desc::make(CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR, "variant pack"));
   const std::int64_t uids[] = {uid_x, uid_w, uid_y};
   const void* data[] = {ptrs[0], ptrs[1], ptrs[2]};
-  BOOST_OUTCOME_TRY(pack.set(CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS, CUDNN_TYPE_INT64, 3, uids,
-                             "variant pack uids"));
+  BOOST_OUTCOME_TRY(
+      pack.set(CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS, CUDNN_TYPE_INT64, 3, uids, "variant pack uids"));
   BOOST_OUTCOME_TRY(pack.set(CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS, CUDNN_TYPE_VOID_PTR, 3, data,
                              "variant pack pointers"));
   BOOST_OUTCOME_TRY(pack.set(CUDNN_ATTR_VARIANT_PACK_WORKSPACE, CUDNN_TYPE_VOID_PTR, 1, &ptrs[3],
@@ -249,28 +246,13 @@ result<void> graph_conv::bind(const std::array<const void*, 4>& ptrs) {
 }
 
 std::shared_ptr<const recorded_exec> graph_conv::record(cudnnHandle_t h, cudaStream_t stream,
-                                                        cudaStream_t capture,
-                                                        const std::array<const void*, 4>& ptrs) {
-  // Thread-local capture: a call of this thread that is not capture-safe
-  // fails the recording (and this plan then executes directly); other
-  // threads are not affected.
+                                                        cudaStream_t capture) {
   if (cudnnSetStream(h, capture) != CUDNN_STATUS_SUCCESS) return nullptr;
-  cudaGraph_t graph = nullptr;
-  bool recorded = false;
-  if (cudaStreamBeginCapture(capture, cudaStreamCaptureModeThreadLocal) == cudaSuccess) {
-    const bool ran = cudnnBackendExecute(h, plan_.get(), pack_.get()) == CUDNN_STATUS_SUCCESS;
-    // Always ended, also after a failed execute (the capture may be invalidated).
-    recorded = cudaStreamEndCapture(capture, &graph) == cudaSuccess && ran && graph != nullptr;
-  }
-  const bool restored = cudnnSetStream(h, stream) == CUDNN_STATUS_SUCCESS;
-  auto rec = std::make_shared<recorded_exec>();
-  if (recorded && restored && cudaGraphInstantiate(&rec->exec, graph, 0) != cudaSuccess)
-    rec->exec = nullptr;
-  if (graph) cudaGraphDestroy(graph);
-  // A failed capture leaves its error to be read; it is not the stream's.
-  cudaGetLastError();
-  if (!restored || !rec->exec) return nullptr;
-  rec->ptrs = ptrs;
+  auto rec = record_graph(capture, [&] {
+    return cudnnBackendExecute(h, plan_.get(), pack_.get()) == CUDNN_STATUS_SUCCESS;
+  });
+  // The handle goes back to its stream whatever happened.
+  if (cudnnSetStream(h, stream) != CUDNN_STATUS_SUCCESS) return nullptr;
   return rec;
 }
 
@@ -279,12 +261,13 @@ result<graph_run> graph_conv::execute(cudnnHandle_t h, cudaStream_t stream, cuda
                                       std::shared_ptr<const recorded_exec>& keep) {
   const std::array<const void*, 4> ptrs{x, w, y, ws};
   graph_run how = graph_run::executed;
-  if (recorded_ && recorded_->ptrs == ptrs) {
+  if (recorded_ && recorded_ptrs_ == ptrs) {
     how = graph_run::replayed;
   } else if (capture && !record_failed_ && ptrs == last_ptrs_) {
     BOOST_OUTCOME_TRY(bind(ptrs));
-    if (auto rec = record(h, stream, capture, ptrs)) {
+    if (auto rec = record(h, stream, capture)) {
       recorded_ = std::move(rec);
+      recorded_ptrs_ = ptrs;
       how = graph_run::captured;
     } else {
       record_failed_ = true;

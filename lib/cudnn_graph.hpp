@@ -3,6 +3,8 @@
 // convolutions: graph API first").
 #pragma once
 
+#include "cuda_graph_record.hpp"
+
 #include <atomr/cuda/error.hpp>
 
 #include <cuda_runtime.h>
@@ -65,16 +67,6 @@ enum class graph_run : std::uint8_t {
   replayed,  ///< the CUDA graph recorded earlier for these pointers launched
 };
 
-/// A CUDA graph holding one recorded execution, for fixed pointers.
-struct recorded_exec {
-  cudaGraphExec_t exec = nullptr;
-  std::array<const void*, 4> ptrs{};  // x, w, y, workspace
-  recorded_exec() = default;
-  recorded_exec(const recorded_exec&) = delete;
-  recorded_exec& operator=(const recorded_exec&) = delete;
-  ~recorded_exec();
-};
-
 /// A finalized execution plan for one convolution shape, and the variant
 /// pack of the pointers it last ran with (rebuilt only when they change).
 /// Not thread-safe: the owner serializes build and execute (the actor's lock).
@@ -109,14 +101,14 @@ private:
   std::array<const void*, 4> pack_ptrs_{};  // x, w, y, workspace of pack_
   std::size_t workspace_ = 0;
   std::shared_ptr<const recorded_exec> recorded_;
-  std::array<const void*, 4> last_ptrs_{};  // of the previous call
+  std::array<const void*, 4> recorded_ptrs_{};  // of recorded_
+  std::array<const void*, 4> last_ptrs_{};      // of the previous call
   bool record_failed_ = false;
 
   result<void> bind(const std::array<const void*, 4>& ptrs);
   /// Records one execution on `capture` into a CUDA graph; null on failure.
   std::shared_ptr<const recorded_exec> record(cudnnHandle_t h, cudaStream_t stream,
-                                              cudaStream_t capture,
-                                              const std::array<const void*, 4>& ptrs);
+                                              cudaStream_t capture);
 };
 
 /// The alignment of `p` in bytes, capped at 16 (what cuDNN's engines ask for).

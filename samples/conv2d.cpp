@@ -430,10 +430,12 @@ asio::awaitable<int> bench(cuda::device dev, cli_options args) {
       "  (GFLOP/s = 2 N K P Q (C/G) R S / median time, bias not counted; p99 is nearest-rank)\n");
   const auto st = dnn.statistics();
   std::printf(
-      "  algorithm: cuDNN's heuristic choice (cudnn_actor does not report which); cache %llu "
-      "hits, %llu misses; workspace %zu bytes\n",
-      static_cast<unsigned long long>(st.algo_hits),
-      static_cast<unsigned long long>(st.algo_misses), st.workspace_bytes);
+      "  plan: cuDNN's heuristic choice (cudnn_actor does not report which), %s API; cache %llu "
+      "hits, %llu misses; workspace %zu bytes; CUDA graph: %llu recorded, %llu launches\n",
+      st.graph_plans > 0 ? "graph" : "legacy", static_cast<unsigned long long>(st.algo_hits),
+      static_cast<unsigned long long>(st.algo_misses), st.workspace_bytes,
+      static_cast<unsigned long long>(st.cuda_graph_records),
+      static_cast<unsigned long long>(st.cuda_graph_launches));
   std::printf("  %zu entries finite, %zu checked, worst relative error %.2e (tolerance %.0e)\n",
               y_elems, std::min(checked_entries, y_elems), worst, tol);
   co_return exit_ok;

@@ -525,3 +525,61 @@ TEST_CASE_FIXTURE(blas_fixture, "several blas_actors on a 4-thread io_context") 
     CHECK(errors[static_cast<std::size_t>(j)] < 1e-5);
   }
 }
+
+TEST_CASE_FIXTURE(blas_fixture, "gemm repeated on the same buffers is recorded and replayed") {
+  // The first call runs cuBLAS directly, the second records it into a CUDA
+  // graph and launches that, later identical calls launch it again. Every
+  // run reads the buffers' new contents (A and C re-uploaded each time).
+  auto c = gemm_cases()[1];  // transposed A, padding, alpha 0.75, beta -1.25
+  auto a = alloc<float>(a_size(c));
+  auto b = put(random_values<float>(b_size(c), 7));
+  auto hb = get(b);
+  auto cbuf = alloc<float>(c_size(c));
+  std::uint64_t seed = 200;
+  auto once = [&](const blas_actor& actor, const gemm_case& gc) {
+    auto ha = random_values<float>(a_size(gc), ++seed);
+    auto hc0 = random_values<float>(c_size(gc), ++seed);
+    REQUIRE(run(upload(std::span<const float>(ha), a)));
+    REQUIRE(run(upload(std::span<const float>(hc0), cbuf)));
+    REQUIRE(run(actor.gemm(params_of(gc), a, b, cbuf)));
+    auto out = get(cbuf);
+    CAPTURE(seed);
+    CHECK(gemm_error(gc, ha.data(), hb.data(), hc0.data(), out.data(), true) < 1e-5);
+  };
+  for (int i = 0; i < 4; ++i) once(blas, c);
+  auto s = blas.statistics();
+  CHECK(s.gemm_graph_failures == 0);
+  CHECK(s.gemm_graph_records == 1);
+  CHECK(s.gemm_graph_launches == 3);
+  CHECK(s.gemm_graphs_cached == 1);
+  // alpha and beta are part of what was recorded: other values are another call.
+  auto c2 = c;
+  c2.alpha = -2.0;
+  c2.beta = 0.5;
+  for (int i = 0; i < 3; ++i) once(blas, c2);
+  CHECK(blas.statistics().gemm_graph_records == 2);
+  CHECK(blas.statistics().gemm_graph_launches == 5);
+  // So is the math mode: with TF32 on, the f32 call is recorded anew.
+  REQUIRE(blas.set_tf32(true));
+  auto ha = random_values<float>(a_size(c), 1);
+  REQUIRE(run(upload(std::span<const float>(ha), a)));
+  REQUIRE(run(blas.gemm(params_of(c), a, b, cbuf)));
+  REQUIRE(run(blas.gemm(params_of(c), a, b, cbuf)));
+  CHECK(blas.statistics().gemm_graph_records == 3);
+  REQUIRE(blas.set_tf32(false));
+  once(blas, c);  // the pedantic recording again
+  CHECK(blas.statistics().gemm_graph_records == 3);
+  CHECK(blas.statistics().gemm_graph_launches == 7);
+
+  // Recording off, and a call pattern wider than the cache: nothing recorded.
+  auto off = blas_actor::create(dev, {.cuda_graph_cache = 0}).value();
+  for (int i = 0; i < 3; ++i) once(off, c);
+  CHECK(off.statistics().gemm_graph_records == 0);
+  auto small = blas_actor::create(dev, {.cuda_graph_cache = 2}).value();
+  auto c3 = c;
+  c3.alpha = 3.0;
+  for (int round = 0; round < 3; ++round)
+    for (const auto& gc : {c, c2, c3}) once(small, gc);
+  CHECK(small.statistics().gemm_graph_records == 0);
+  CHECK(small.statistics().gemm_graph_launches == 0);
+}

@@ -133,8 +133,8 @@ struct cudnn_fixture : gpu_fixture {
   /// One convolution on `a` against the CPU; every operand `skip` elements
   /// into its buffer (0: as allocated, 256-byte aligned).
   template <class T>
-  void conv_case(tensor_shape xs, conv2d_params p, bool with_bias, double tol,
-                 const cudnn_actor& a, std::size_t skip = 0) {
+  void conv_case(tensor_shape xs, conv2d_params p, bool with_bias, double tol, const cudnn_actor& a,
+                 std::size_t skip = 0) {
     auto lay = detail::check_conv2d("test", xs, p).value();
     auto x = random_values<T>(static_cast<std::size_t>(lay.x_elems), 11 + lay.x_elems);
     auto f = random_values<T>(static_cast<std::size_t>(lay.filter_elems), 23 + lay.filter_elems);

@@ -34,6 +34,20 @@ struct blas_options {
   bool tf32 = false;
   /// How operations wait for the GPU; default: the device's default completion.
   std::optional<completion> how{};
+  /// gemm calls recorded as CUDA graphs, at most this many (least recently
+  /// used dropped first); 0 turns recording off. A gemm is recorded the
+  /// second time the same call (parameters, alpha, beta, math mode and
+  /// buffers) is seen, and later identical calls launch the graph
+  /// (cudaGraphLaunch instead of cuBLAS's host work per call).
+  std::size_t cuda_graph_cache = 1024;
+};
+
+/// A snapshot of an actor's recorded gemm calls.
+struct blas_statistics {
+  std::uint64_t gemm_graph_records = 0;   ///< gemm calls recorded into a CUDA graph
+  std::uint64_t gemm_graph_launches = 0;  ///< gemm calls run as a recorded graph
+  std::uint64_t gemm_graph_failures = 0;  ///< recordings that failed (recording then stops)
+  std::size_t gemm_graphs_cached = 0;
 };
 
 /// C = alpha * op(A) * op(B) + beta * C, with op(A) m x k, op(B) k x n, C m x n.
@@ -148,6 +162,7 @@ public:
   bool tf32() const noexcept;
   /// Switches TF32 math for later f32 operations (no GPU work).
   result<void> set_tf32(bool on);
+  blas_statistics statistics() const;
 
   // Each yields its output buffer (C or y or x) once the GPU has finished.
   asio::awaitable<result<gpu_ref<float>>> gemm(gemm_params p, gpu_ref<float> a, gpu_ref<float> b,

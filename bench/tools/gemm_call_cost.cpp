@@ -1,0 +1,144 @@
+// A diagnostic: the host time of one small SGEMM enqueue through each way
+// cuBLAS offers, without the library. Shows what bounds the small-operation
+// throughput at one thread (the raw ceiling there is one thread calling
+// cublasSgemm back to back). Build and run on the GPU machine:
+//   g++ -O2 -std=c++20 -o /tmp/gemm_call_cost bench/tools/gemm_call_cost.cpp
+//       -I/usr/local/cuda/include -L/usr/local/cuda/lib64 -lcublasLt -lcublas -lcudart
+//   /tmp/gemm_call_cost [n ...]       (default: 64 256)
+// For each n: median and p90 host microseconds per call over 20 rounds of
+// 256 calls (one stream; synchronized between rounds, not timed), for
+//   sgemm    cublasSgemm, pedantic math (what the library and the raw ceiling call)
+//   lt       cublasLtMatmul, 32F_PEDANTIC compute, descriptors and the
+//            heuristic's first algorithm made once
+//   graph    cudaGraphLaunch of one captured cublasSgemm
+// and the GPU time per call of each (events around a round / 256).
+#include <cublasLt.h>
+#include <cublas_v2.h>
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <vector>
+
+namespace {
+
+void check(bool ok, const char* what) {
+  if (!ok) {
+    std::fprintf(stderr, "gemm_call_cost: %s failed\n", what);
+    std::exit(1);
+  }
+}
+
+struct stats {
+  double median = 0, p90 = 0;
+};
+stats summarize(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return {v[v.size() / 2], v[v.size() * 9 / 10]};
+}
+
+template <class F>
+void measure(const char* name, int n, cudaStream_t s, F call) {
+  constexpr int rounds = 20, per_round = 256;
+  cudaEvent_t e0, e1;
+  check(cudaEventCreate(&e0) == cudaSuccess && cudaEventCreate(&e1) == cudaSuccess, "events");
+  for (int i = 0; i < 64; ++i) call();  // warm-up
+  check(cudaStreamSynchronize(s) == cudaSuccess, "warm-up");
+  std::vector<double> host, gpu;
+  for (int r = 0; r < rounds; ++r) {
+    cudaEventRecord(e0, s);
+    for (int i = 0; i < per_round; ++i) {
+      const auto t0 = std::chrono::steady_clock::now();
+      call();
+      host.push_back(
+          std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count());
+    }
+    cudaEventRecord(e1, s);
+    check(cudaStreamSynchronize(s) == cudaSuccess, "round");
+    float ms = 0;
+    cudaEventElapsedTime(&ms, e0, e1);
+    gpu.push_back(1e3 * ms / per_round);
+  }
+  const auto h = summarize(host), g = summarize(gpu);
+  std::printf("n=%-5d %-6s host us/call median %7.2f p90 %7.2f   GPU us/call %7.2f\n", n, name,
+              h.median, h.p90, g.median);
+  cudaEventDestroy(e0);
+  cudaEventDestroy(e1);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::vector<int> sizes;
+  for (int i = 1; i < argc; ++i) sizes.push_back(std::atoi(argv[i]));
+  if (sizes.empty()) sizes = {64, 256};
+  cudaStream_t s;
+  check(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) == cudaSuccess, "stream");
+  cublasHandle_t h;
+  check(cublasCreate(&h) == CUBLAS_STATUS_SUCCESS, "cublasCreate");
+  cublasSetStream(h, s);
+  cublasSetMathMode(h, CUBLAS_PEDANTIC_MATH);
+  cublasLtHandle_t lt;
+  check(cublasLtCreate(&lt) == CUBLAS_STATUS_SUCCESS, "cublasLtCreate");
+  void* ws = nullptr;
+  const std::size_t ws_bytes = 32u << 20;
+  check(cudaMalloc(&ws, ws_bytes) == cudaSuccess, "workspace");
+
+  for (int n : sizes) {
+    const std::size_t bytes = sizeof(float) * n * n;
+    void *pa = nullptr, *pb = nullptr, *pc = nullptr;
+    check(cudaMalloc(&pa, bytes) == cudaSuccess && cudaMalloc(&pb, bytes) == cudaSuccess &&
+              cudaMalloc(&pc, bytes) == cudaSuccess,
+          "buffers");
+    auto* a = static_cast<float*>(pa);
+    auto* b = static_cast<float*>(pb);
+    auto* c = static_cast<float*>(pc);
+    cudaMemset(a, 0, bytes);
+    cudaMemset(b, 0, bytes);
+    const float one = 1, zero = 0;
+    auto sgemm = [&] {
+      cublasSgemm(h, CUBLAS_OP_N, CUBLAS_OP_N, n, n, n, &one, a, n, b, n, &zero, c, n);
+    };
+    measure("sgemm", n, s, sgemm);
+
+    cublasLtMatmulDesc_t op;
+    cublasLtMatrixLayout_t la;
+    check(cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F_PEDANTIC, CUDA_R_32F) ==
+              CUBLAS_STATUS_SUCCESS,
+          "matmul desc");
+    check(cublasLtMatrixLayoutCreate(&la, CUDA_R_32F, n, n, n) == CUBLAS_STATUS_SUCCESS, "layout");
+    cublasLtMatmulPreference_t pref;
+    cublasLtMatmulPreferenceCreate(&pref);
+    cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws_bytes,
+                                         sizeof(ws_bytes));
+    cublasLtMatmulHeuristicResult_t heur{};
+    int found = 0;
+    check(cublasLtMatmulAlgoGetHeuristic(lt, op, la, la, la, la, pref, 1, &heur, &found) ==
+                  CUBLAS_STATUS_SUCCESS &&
+              found > 0,
+          "heuristic");
+    auto ltcall = [&] {
+      cublasLtMatmul(lt, op, &one, a, la, b, la, &zero, c, la, c, la, &heur.algo, ws, ws_bytes, s);
+    };
+    measure("lt", n, s, ltcall);
+
+    cudaGraph_t g;
+    cudaGraphExec_t ge;
+    check(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal) == cudaSuccess, "capture");
+    sgemm();
+    check(cudaStreamEndCapture(s, &g) == cudaSuccess, "end capture");
+    check(cudaGraphInstantiate(&ge, g, 0) == cudaSuccess, "instantiate");
+    measure("graph", n, s, [&] { cudaGraphLaunch(ge, s); });
+    cudaGraphExecDestroy(ge);
+    cudaGraphDestroy(g);
+    cublasLtMatmulPreferenceDestroy(pref);
+    cublasLtMatrixLayoutDestroy(la);
+    cublasLtMatmulDescDestroy(op);
+    cudaFree(a);
+    cudaFree(b);
+    cudaFree(c);
+  }
+  return 0;
+}
