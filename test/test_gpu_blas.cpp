@@ -546,8 +546,9 @@ TEST_CASE_FIXTURE(blas_fixture, "gemm repeated on the same buffers is recorded a
     CAPTURE(seed);
     CHECK(gemm_error(gc, ha.data(), hb.data(), hc0.data(), out.data(), true) < 1e-5);
   };
-  for (int i = 0; i < 4; ++i) once(blas, c);
-  auto s = blas.statistics();
+  auto rec = blas_actor::create(dev, {.cuda_graph_cache = 16}).value();
+  for (int i = 0; i < 4; ++i) once(rec, c);
+  auto s = rec.statistics();
   CHECK(s.gemm_graph_failures == 0);
   CHECK(s.gemm_graph_records == 1);
   CHECK(s.gemm_graph_launches == 3);
@@ -556,23 +557,24 @@ TEST_CASE_FIXTURE(blas_fixture, "gemm repeated on the same buffers is recorded a
   auto c2 = c;
   c2.alpha = -2.0;
   c2.beta = 0.5;
-  for (int i = 0; i < 3; ++i) once(blas, c2);
-  CHECK(blas.statistics().gemm_graph_records == 2);
-  CHECK(blas.statistics().gemm_graph_launches == 5);
+  for (int i = 0; i < 3; ++i) once(rec, c2);
+  CHECK(rec.statistics().gemm_graph_records == 2);
+  CHECK(rec.statistics().gemm_graph_launches == 5);
   // So is the math mode: with TF32 on, the f32 call is recorded anew.
-  REQUIRE(blas.set_tf32(true));
+  REQUIRE(rec.set_tf32(true));
   auto ha = random_values<float>(a_size(c), 1);
   REQUIRE(run(upload(std::span<const float>(ha), a)));
-  REQUIRE(run(blas.gemm(params_of(c), a, b, cbuf)));
-  REQUIRE(run(blas.gemm(params_of(c), a, b, cbuf)));
-  CHECK(blas.statistics().gemm_graph_records == 3);
-  REQUIRE(blas.set_tf32(false));
-  once(blas, c);  // the pedantic recording again
-  CHECK(blas.statistics().gemm_graph_records == 3);
-  CHECK(blas.statistics().gemm_graph_launches == 7);
+  REQUIRE(run(rec.gemm(params_of(c), a, b, cbuf)));
+  REQUIRE(run(rec.gemm(params_of(c), a, b, cbuf)));
+  CHECK(rec.statistics().gemm_graph_records == 3);
+  REQUIRE(rec.set_tf32(false));
+  once(rec, c);  // the pedantic recording again
+  CHECK(rec.statistics().gemm_graph_records == 3);
+  CHECK(rec.statistics().gemm_graph_launches == 7);
 
-  // Recording off, and a call pattern wider than the cache: nothing recorded.
-  auto off = blas_actor::create(dev, {.cuda_graph_cache = 0}).value();
+  // Recording off (the default), and a call pattern wider than the cache:
+  // nothing recorded.
+  auto off = blas_actor::create(dev).value();
   for (int i = 0; i < 3; ++i) once(off, c);
   CHECK(off.statistics().gemm_graph_records == 0);
   auto small = blas_actor::create(dev, {.cuda_graph_cache = 2}).value();

@@ -4,14 +4,16 @@
 // cublasSgemm back to back). Build and run on the GPU machine:
 //   g++ -O2 -std=c++20 -o /tmp/gemm_call_cost bench/tools/gemm_call_cost.cpp
 //       -I/usr/local/cuda/include -L/usr/local/cuda/lib64 -lcublasLt -lcublas -lcudart
-//   /tmp/gemm_call_cost [n ...]       (default: 64 256)
+//   [LIVE_GRAPHS=K] /tmp/gemm_call_cost [n ...]       (default: 64 256)
 // For each n: median and p90 host microseconds per call over 20 rounds of
 // 256 calls (one stream; synchronized between rounds, not timed), for
 //   sgemm    cublasSgemm, pedantic math (what the library and the raw ceiling call)
 //   lt       cublasLtMatmul, 32F_PEDANTIC compute, descriptors and the
 //            heuristic's first algorithm made once
 //   graph    cudaGraphLaunch of one captured cublasSgemm
-// and the GPU time per call of each (events around a round / 256).
+// and the GPU time per call of each (events around a round / 256). With
+// LIVE_GRAPHS=K, sgemm and graph are measured again (as sgemm+K, graph+K)
+// while K more instantiated copies of that graph exist, unused.
 #include <cublasLt.h>
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
@@ -131,6 +133,16 @@ int main(int argc, char** argv) {
     check(cudaStreamEndCapture(s, &g) == cudaSuccess, "end capture");
     check(cudaGraphInstantiate(&ge, g, 0) == cudaSuccess, "instantiate");
     measure("graph", n, s, [&] { cudaGraphLaunch(ge, s); });
+    if (const char* live = std::getenv("LIVE_GRAPHS"); live && std::atoi(live) > 0) {
+      std::vector<cudaGraphExec_t> many(static_cast<std::size_t>(std::atoi(live)));
+      for (auto& e : many) check(cudaGraphInstantiate(&e, g, 0) == cudaSuccess, "instantiate");
+      // Launched once each, as the library's recordings are.
+      for (auto& e : many) cudaGraphLaunch(e, s);
+      check(cudaStreamSynchronize(s) == cudaSuccess, "live graphs");
+      measure("sgemm+K", n, s, sgemm);
+      measure("graph+K", n, s, [&] { cudaGraphLaunch(ge, s); });
+      for (auto& e : many) cudaGraphExecDestroy(e);
+    }
     cudaGraphExecDestroy(ge);
     cudaGraphDestroy(g);
     cublasLtMatmulPreferenceDestroy(pref);

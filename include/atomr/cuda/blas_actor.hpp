@@ -35,11 +35,14 @@ struct blas_options {
   /// How operations wait for the GPU; default: the device's default completion.
   std::optional<completion> how{};
   /// gemm calls recorded as CUDA graphs, at most this many (least recently
-  /// used dropped first); 0 turns recording off. A gemm is recorded the
-  /// second time the same call (parameters, alpha, beta, math mode and
-  /// buffers) is seen, and later identical calls launch the graph
-  /// (cudaGraphLaunch instead of cuBLAS's host work per call).
-  std::size_t cuda_graph_cache = 1024;
+  /// used dropped first); 0 (the default) turns recording off. A gemm is
+  /// recorded the second time the same call (parameters, alpha, beta, math
+  /// mode and buffers) is seen, and later identical calls launch the graph
+  /// (cudaGraphLaunch instead of cuBLAS's host work per call). Off by
+  /// default: with ~1000 recorded calls alive, one io thread ran small
+  /// gemms 1.9 to 2.6x faster, but eight streams ran slower, and so did
+  /// other cuBLAS users in the process (docs/performance.md, session 9).
+  std::size_t cuda_graph_cache = 0;
 };
 
 /// A snapshot of an actor's recorded gemm calls.
