@@ -52,6 +52,7 @@ struct blas_state {
     // Nothing is handed back to a dead context.
     if (core.dev.health() == health_state::poisoned) return;
     capture.destroy();
+    if (record_ws) cudaFree(record_ws);  // the graphs using it are gone (they keep this state)
     if (!handle) return;
     cudaSetDevice(core.dev.ordinal());
     cublasDestroy(handle);  // teardown: errors deliberately ignored
@@ -66,6 +67,8 @@ struct blas_state {
   lru<gemm_key, std::shared_ptr<const recorded_exec>> gemm_graphs;
   lru<gemm_key, bool> gemm_seen;  // calls seen once (recorded when seen again)
   recording_stream capture;
+  void* record_ws = nullptr;  ///< the workspace recorded calls use (made on the first recording)
+  std::size_t record_ws_bytes = 0;
   bool recording_failed = false;
   std::uint64_t records = 0, launches = 0, failures = 0;
 
@@ -74,6 +77,11 @@ struct blas_state {
   /// is seen, launched from then on. A call pattern wider than the cache
   /// never records (seen and recorded entries age out alike). `keep`
   /// receives the graph the GPU work uses. Lock held, device current.
+  /// The recordings' workspace, made once: 32 MiB on compute capability 9
+  /// and later, 4 MiB before (cuBLAS's recommendation for
+  /// cublasSetWorkspace). Null when it could not be made.
+  void* recording_workspace();
+
   template <class Call>
   result<void> run_recorded(const gemm_key& key, std::string_view name, Call&& call,
                             std::shared_ptr<const recorded_exec>& keep);
@@ -341,6 +349,24 @@ result<void> cublas_ok(cublasStatus_t st, std::string_view call) {
 
 }  // namespace
 
+void* detail::blas_state::recording_workspace() {
+  if (record_ws || recording_failed) return record_ws;
+  int major = 0;
+  if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, core.dev.ordinal()) !=
+      cudaSuccess) {
+    cudaGetLastError();
+    return nullptr;
+  }
+  const std::size_t bytes = major >= 9 ? std::size_t{32} << 20 : std::size_t{4} << 20;
+  if (cudaMalloc(&record_ws, bytes) != cudaSuccess) {
+    cudaGetLastError();
+    record_ws = nullptr;
+    return nullptr;
+  }
+  record_ws_bytes = bytes;
+  return record_ws;
+}
+
 template <class Call>
 result<void> detail::blas_state::run_recorded(const gemm_key& key, std::string_view name,
                                               Call&& call,
@@ -353,11 +379,18 @@ result<void> detail::blas_state::run_recorded(const gemm_key& key, std::string_v
     gemm_seen.insert(key, true);
     return cublas_ok(call(), name);
   } else {
-    // Seen before: record it on the recording stream, then launch it.
+    // Seen before: record it on the recording stream, then launch it. The
+    // recording uses a workspace of the actor's own: with cuBLAS's default
+    // one, cuBLAS 12.2 and later put a memory allocation and a free into
+    // the graph (cudaMallocAsync), and each instantiated copy then holds
+    // graph memory of its own (docs/design.md). All recorded calls of this
+    // actor run on its one stream, so they can share it.
     const cudaStream_t cap = capture.get();
+    void* ws = recording_workspace();
     std::shared_ptr<const recorded_exec> rec;
-    if (cap && cublasSetStream(handle, cap) == CUBLAS_STATUS_SUCCESS) {
-      rec = record_graph(cap, [&] { return call() == CUBLAS_STATUS_SUCCESS; });
+    if (cap && ws && cublasSetStream(handle, cap) == CUBLAS_STATUS_SUCCESS) {
+      if (cublasSetWorkspace(handle, ws, record_ws_bytes) == CUBLAS_STATUS_SUCCESS)
+        rec = record_graph(cap, [&] { return call() == CUBLAS_STATUS_SUCCESS; });
       // The handle goes back to its stream whatever happened (this also
       // resets it to cuBLAS's default workspace, which it used before).
       BOOST_OUTCOME_TRY(cublas_ok(cublasSetStream(handle, own), "cublasSetStream"));

@@ -6,6 +6,7 @@
 #include <cuda_runtime_api.h>
 
 #include <memory>
+#include <vector>
 
 namespace atomr::cuda::detail {
 
@@ -50,11 +51,29 @@ private:
   bool tried_ = false;
 };
 
+/// True when `graph` allocates or frees memory (a library that allocated
+/// while being recorded). Each instantiation of such a graph holds graph
+/// memory of its own: many of them fail to instantiate and slow the
+/// device's other work, so the actors do not keep them.
+inline bool allocates(cudaGraph_t graph) {
+  std::size_t count = 0;
+  if (cudaGraphGetNodes(graph, nullptr, &count) != cudaSuccess) return true;
+  std::vector<cudaGraphNode_t> nodes(count);
+  if (cudaGraphGetNodes(graph, nodes.data(), &count) != cudaSuccess) return true;
+  for (std::size_t i = 0; i < count; ++i) {
+    cudaGraphNodeType t{};
+    if (cudaGraphNodeGetType(nodes[i], &t) != cudaSuccess) return true;
+    if (t == cudaGraphNodeTypeMemAlloc || t == cudaGraphNodeTypeMemFree) return true;
+  }
+  return false;
+}
+
 /// Runs `enqueue()` (which must enqueue on `capture` and return true on
 /// success) inside a thread-local capture of `capture`, and instantiates
 /// what it recorded. Null when anything failed: a call of this thread that
 /// is not capture-safe fails the recording, other threads are not affected,
-/// and no error is left behind for the next CUDA call.
+/// and no error is left behind for the next CUDA call. A recording that
+/// allocates memory is refused too.
 template <class F>
 std::shared_ptr<const recorded_exec> record_graph(cudaStream_t capture, F&& enqueue) {
   if (!capture ||
@@ -67,7 +86,7 @@ std::shared_ptr<const recorded_exec> record_graph(cudaStream_t capture, F&& enqu
   cudaGraph_t graph = nullptr;
   const bool ended = cudaStreamEndCapture(capture, &graph) == cudaSuccess;
   std::shared_ptr<recorded_exec> rec;
-  if (enqueued && ended && graph) {
+  if (enqueued && ended && graph && !allocates(graph)) {
     rec = std::make_shared<recorded_exec>();
     if (cudaGraphInstantiate(&rec->exec, graph, 0) != cudaSuccess) rec.reset();
   }

@@ -585,3 +585,35 @@ TEST_CASE_FIXTURE(blas_fixture, "gemm repeated on the same buffers is recorded a
   CHECK(small.statistics().gemm_graph_records == 0);
   CHECK(small.statistics().gemm_graph_launches == 0);
 }
+
+TEST_CASE_FIXTURE(blas_fixture, "many recorded gemm calls: every one is kept, none allocates") {
+  // 300 distinct n = 256 calls (alpha differs), each made twice: the second
+  // is recorded. Recorded with cuBLAS's default workspace, cuBLAS put a
+  // memory allocation into such graphs and about a thousand copies could not
+  // be instantiated (docs/design.md); with the actor's own workspace every
+  // recording succeeds. Results are checked for the first and last call.
+  const auto c = make_case(blas_op::n, blas_op::n, 256, 256, 256, 0, 1.0, 0.0);
+  auto ha = random_values<float>(a_size(c), 31);
+  auto hb = random_values<float>(b_size(c), 32);
+  auto a = put(ha);
+  auto b = put(hb);
+  auto cbuf = alloc<float>(c_size(c));
+  std::vector<float> zeros(c_size(c), 0.0f);
+  auto actor = blas_actor::create(dev, {.cuda_graph_cache = 512}).value();
+  constexpr int calls = 300;
+  for (int j = 0; j < calls; ++j) {
+    auto gc = c;
+    gc.alpha = 1.0 + j / 64.0;
+    for (int twice = 0; twice < 2; ++twice) REQUIRE(run(actor.gemm(params_of(gc), a, b, cbuf)));
+    if (j == 0 || j == calls - 1) {
+      auto out = get(cbuf);
+      CAPTURE(j);
+      CHECK(gemm_error(gc, ha.data(), hb.data(), zeros.data(), out.data(), false) < 1e-5);
+    }
+  }
+  const auto s = actor.statistics();
+  CHECK(s.gemm_graph_failures == 0);
+  CHECK(s.gemm_graph_records == calls);
+  CHECK(s.gemm_graph_launches == calls);
+  CHECK(s.gemm_graphs_cached == calls);
+}

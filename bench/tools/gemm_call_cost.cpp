@@ -10,10 +10,14 @@
 //   sgemm    cublasSgemm, pedantic math (what the library and the raw ceiling call)
 //   lt       cublasLtMatmul, 32F_PEDANTIC compute, descriptors and the
 //            heuristic's first algorithm made once
-//   graph    cudaGraphLaunch of one captured cublasSgemm
-// and the GPU time per call of each (events around a round / 256). With
-// LIVE_GRAPHS=K, sgemm and graph are measured again (as sgemm+K, graph+K)
-// while K more instantiated copies of that graph exist, unused.
+//   graph    cudaGraphLaunch of one captured cublasSgemm (cuBLAS's own
+//            workspace: what it records depends on the cuBLAS version)
+//   graph-ws the same, captured with cublasSetWorkspace(32 MiB of ours)
+// and the GPU time per call of each (events around a round / 256). For each
+// recording it prints the node types the graph holds. With LIVE_GRAPHS=K,
+// sgemm and the graph are measured again (as sgemm+K, graph+K) while K more
+// instantiated copies of that graph exist, launched once each; an
+// instantiation that fails is counted, not fatal.
 #include <cublasLt.h>
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
@@ -68,6 +72,47 @@ void measure(const char* name, int n, cudaStream_t s, F call) {
               h.median, h.p90, g.median);
   cudaEventDestroy(e0);
   cudaEventDestroy(e1);
+}
+
+const char* node_type(cudaGraphNodeType t) {
+  switch (t) {
+    case cudaGraphNodeTypeKernel:
+      return "kernel";
+    case cudaGraphNodeTypeMemcpy:
+      return "memcpy";
+    case cudaGraphNodeTypeMemset:
+      return "memset";
+    case cudaGraphNodeTypeHost:
+      return "host";
+    case cudaGraphNodeTypeGraph:
+      return "child-graph";
+    case cudaGraphNodeTypeEmpty:
+      return "empty";
+    case cudaGraphNodeTypeWaitEvent:
+      return "wait-event";
+    case cudaGraphNodeTypeEventRecord:
+      return "event-record";
+    case cudaGraphNodeTypeMemAlloc:
+      return "mem-alloc";
+    case cudaGraphNodeTypeMemFree:
+      return "mem-free";
+    default:
+      return "other";
+  }
+}
+
+void print_nodes(const char* name, int n, cudaGraph_t g) {
+  std::size_t count = 0;
+  cudaGraphGetNodes(g, nullptr, &count);
+  std::vector<cudaGraphNode_t> nodes(count);
+  cudaGraphGetNodes(g, nodes.data(), &count);
+  std::printf("n=%-5d %-8s recorded %zu node(s):", n, name, count);
+  for (auto nd : nodes) {
+    cudaGraphNodeType t{};
+    cudaGraphNodeGetType(nd, &t);
+    std::printf(" %s", node_type(t));
+  }
+  std::printf("\n");
 }
 
 }  // namespace
@@ -126,25 +171,44 @@ int main(int argc, char** argv) {
     };
     measure("lt", n, s, ltcall);
 
-    cudaGraph_t g;
-    cudaGraphExec_t ge;
-    check(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal) == cudaSuccess, "capture");
-    sgemm();
-    check(cudaStreamEndCapture(s, &g) == cudaSuccess, "end capture");
-    check(cudaGraphInstantiate(&ge, g, 0) == cudaSuccess, "instantiate");
-    measure("graph", n, s, [&] { cudaGraphLaunch(ge, s); });
-    if (const char* live = std::getenv("LIVE_GRAPHS"); live && std::atoi(live) > 0) {
-      std::vector<cudaGraphExec_t> many(static_cast<std::size_t>(std::atoi(live)));
-      for (auto& e : many) check(cudaGraphInstantiate(&e, g, 0) == cudaSuccess, "instantiate");
-      // Launched once each, as the library's recordings are.
-      for (auto& e : many) cudaGraphLaunch(e, s);
-      check(cudaStreamSynchronize(s) == cudaSuccess, "live graphs");
-      measure("sgemm+K", n, s, sgemm);
-      measure("graph+K", n, s, [&] { cudaGraphLaunch(ge, s); });
-      for (auto& e : many) cudaGraphExecDestroy(e);
+    for (const bool own_ws : {false, true}) {
+      const char* name = own_ws ? "graph-ws" : "graph";
+      if (own_ws) check(cublasSetWorkspace(h, ws, ws_bytes) == CUBLAS_STATUS_SUCCESS, "workspace");
+      cudaGraph_t g;
+      cudaGraphExec_t ge;
+      check(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal) == cudaSuccess, "capture");
+      sgemm();
+      check(cudaStreamEndCapture(s, &g) == cudaSuccess, "end capture");
+      print_nodes(name, n, g);
+      check(cudaGraphInstantiate(&ge, g, 0) == cudaSuccess, "instantiate");
+      measure(name, n, s, [&] { cudaGraphLaunch(ge, s); });
+      if (const char* live = std::getenv("LIVE_GRAPHS"); live && std::atoi(live) > 0) {
+        std::vector<cudaGraphExec_t> many;
+        int failed = 0;
+        for (int i = 0; i < std::atoi(live); ++i) {
+          cudaGraphExec_t e;
+          if (cudaGraphInstantiate(&e, g, 0) == cudaSuccess) {
+            many.push_back(e);
+            cudaGraphLaunch(e, s);  // launched once each, as the library's recordings are
+          } else {
+            ++failed;
+            cudaGetLastError();
+          }
+        }
+        check(cudaStreamSynchronize(s) == cudaSuccess, "live graphs");
+        std::size_t free_b = 0, total_b = 0;
+        cudaMemGetInfo(&free_b, &total_b);
+        std::printf("n=%-5d %-8s %zu live copies, %d failed to instantiate, %.0f MiB free\n", n,
+                    name, many.size(), failed, free_b / 1048576.0);
+        measure("sgemm+K", n, s, sgemm);
+        measure(own_ws ? "gws+K" : "graph+K", n, s, [&] { cudaGraphLaunch(ge, s); });
+        for (auto& e : many) cudaGraphExecDestroy(e);
+      }
+      cudaGraphExecDestroy(ge);
+      cudaGraphDestroy(g);
+      // Back to cuBLAS's own workspace (setting the stream resets it).
+      if (own_ws) cublasSetStream(h, s);
     }
-    cudaGraphExecDestroy(ge);
-    cudaGraphDestroy(g);
     cublasLtMatmulPreferenceDestroy(pref);
     cublasLtMatrixLayoutDestroy(la);
     cublasLtMatmulDescDestroy(op);
