@@ -9,6 +9,7 @@
 #include <atomr/cuda/pinned.hpp>
 #include <atomr/cuda/run_kernel.hpp>
 
+#include <cublasLt.h>
 #include <cublas_v2.h>
 
 #include <algorithm>
@@ -37,11 +38,39 @@ struct gemm_key {
   friend auto operator<=>(const gemm_key&, const gemm_key&) = default;
 };
 
+/// What a cuBLASLt algorithm choice depends on: the shape, the math mode
+/// and each pointer's alignment (bytes, up to 256).
+struct lt_key {
+  bool tf32 = false;
+  int ta = 0, tb = 0, m = 0, n = 0, k = 0, lda = 0, ldb = 0, ldc = 0;
+  unsigned align_a = 0, align_b = 0, align_c = 0;
+  friend auto operator<=>(const lt_key&, const lt_key&) = default;
+};
+
+/// One f32 matmul's cuBLASLt descriptors and the algorithm chosen for them
+/// (host objects only: the GPU work does not use them after the call).
+struct lt_plan {
+  cublasLtMatmulDesc_t desc = nullptr;
+  cublasLtMatrixLayout_t la = nullptr, lb = nullptr, lc = nullptr;
+  cublasLtMatmulAlgo_t algo{};
+  bool usable = false;  ///< false: cuBLASLt cannot take this shape; cublasSgemm does
+  lt_plan() = default;
+  lt_plan(const lt_plan&) = delete;
+  lt_plan& operator=(const lt_plan&) = delete;
+  ~lt_plan() {
+    if (lc) cublasLtMatrixLayoutDestroy(lc);
+    if (lb) cublasLtMatrixLayoutDestroy(lb);
+    if (la) cublasLtMatrixLayoutDestroy(la);
+    if (desc) cublasLtMatmulDescDestroy(desc);
+  }
+};
+
 /// The shared state of a blas_actor and its copies.
 struct blas_state {
-  blas_state(device d, stream s, completion c, std::size_t graph_cache)
+  blas_state(device d, stream s, completion c, std::size_t graph_cache, bool lt_matmul)
       : core(std::move(d), std::move(s)),
         how(c),
+        use_lt(lt_matmul),
         graph_capacity(graph_cache),
         gemm_graphs(graph_cache),
         gemm_seen(graph_cache) {}
@@ -49,10 +78,13 @@ struct blas_state {
   blas_state& operator=(const blas_state&) = delete;
   ~blas_state() {
     gemm_graphs.clear();
+    lt_plans.clear();  // host objects: destroyed whatever the context's state
     // Nothing is handed back to a dead context.
     if (core.dev.health() == health_state::poisoned) return;
     capture.destroy();
-    if (record_ws) cudaFree(record_ws);  // the graphs using it are gone (they keep this state)
+    // The graphs and calls using it are done: they keep this state alive.
+    if (work) cudaFree(work);
+    if (lt) cublasLtDestroy(lt);
     if (!handle) return;
     cudaSetDevice(core.dev.ordinal());
     cublasDestroy(handle);  // teardown: errors deliberately ignored
@@ -62,13 +94,22 @@ struct blas_state {
   completion how;
   cublasHandle_t handle = nullptr;  ///< used only under core.enqueue_mu
   std::atomic<bool> tf32{false};
-  // Recorded gemm calls; everything below is guarded by core.enqueue_mu.
+  // Everything below is guarded by core.enqueue_mu.
+  // f32 gemm through cuBLASLt (blas_options::lt_matmul).
+  const bool use_lt;
+  cublasLtHandle_t lt = nullptr;  ///< made with the handle; null: cublasSgemm only
+  lru<lt_key, std::shared_ptr<lt_plan>> lt_plans{64};
+  std::uint64_t lt_calls = 0, lt_plans_made = 0, lt_fallbacks = 0;
+  // Recorded gemm calls.
   const std::size_t graph_capacity;  // 0: recording off
   lru<gemm_key, std::shared_ptr<const recorded_exec>> gemm_graphs;
   lru<gemm_key, bool> gemm_seen;  // calls seen once (recorded when seen again)
   recording_stream capture;
-  void* record_ws = nullptr;  ///< the workspace recorded calls use (made on the first recording)
-  std::size_t record_ws_bytes = 0;
+  /// The actor's workspace: cuBLASLt calls and recorded calls use it (all on
+  /// the actor's one stream, so one at a time). Made on first use.
+  void* work = nullptr;
+  std::size_t work_bytes = 0;
+  bool work_failed = false;
   bool recording_failed = false;
   std::uint64_t records = 0, launches = 0, failures = 0;
 
@@ -77,10 +118,22 @@ struct blas_state {
   /// is seen, launched from then on. A call pattern wider than the cache
   /// never records (seen and recorded entries age out alike). `keep`
   /// receives the graph the GPU work uses. Lock held, device current.
-  /// The recordings' workspace, made once: 32 MiB on compute capability 9
-  /// and later, 4 MiB before (cuBLAS's recommendation for
-  /// cublasSetWorkspace). Null when it could not be made.
-  void* recording_workspace();
+  /// The workspace, made once: 32 MiB on compute capability 9 and later,
+  /// 4 MiB before (cuBLAS's recommendation for cublasSetWorkspace). Null
+  /// when it could not be made.
+  void* workspace();
+
+  /// The cuBLASLt plan for an f32 gemm, made on first use; null when the
+  /// call goes to cublasSgemm (option off, empty shape, no workspace, or
+  /// no algorithm). Lock held, device current.
+  lt_plan* lt_plan_for(cublasOperation_t ta, cublasOperation_t tb, const gemm_plan& g,
+                       const void* a, const void* b, const void* c);
+  /// cublasLtMatmul with `plan` on stream `s`.
+  cublasStatus_t lt_sgemm(const lt_plan& plan, cudaStream_t s, float alpha, float beta,
+                          const float* a, const float* b, float* c) const {
+    return cublasLtMatmul(lt, plan.desc, &alpha, a, plan.la, b, plan.lb, &beta, c, plan.lc, c,
+                          plan.lc, &plan.algo, work, work_bytes, s);
+  }
 
   template <class Call>
   result<void> run_recorded(const gemm_key& key, std::string_view name, Call&& call,
@@ -349,8 +402,9 @@ result<void> cublas_ok(cublasStatus_t st, std::string_view call) {
 
 }  // namespace
 
-void* detail::blas_state::recording_workspace() {
-  if (record_ws || recording_failed) return record_ws;
+void* detail::blas_state::workspace() {
+  if (work || work_failed) return work;
+  work_failed = true;  // until it is made
   int major = 0;
   if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, core.dev.ordinal()) !=
       cudaSuccess) {
@@ -358,26 +412,96 @@ void* detail::blas_state::recording_workspace() {
     return nullptr;
   }
   const std::size_t bytes = major >= 9 ? std::size_t{32} << 20 : std::size_t{4} << 20;
-  if (cudaMalloc(&record_ws, bytes) != cudaSuccess) {
+  if (cudaMalloc(&work, bytes) != cudaSuccess) {
     cudaGetLastError();
-    record_ws = nullptr;
+    work = nullptr;
     return nullptr;
   }
-  record_ws_bytes = bytes;
-  return record_ws;
+  work_bytes = bytes;
+  work_failed = false;
+  return work;
+}
+
+namespace {
+/// The largest power of two (up to 256) that divides the address.
+unsigned alignment(const void* p) {
+  const auto v = reinterpret_cast<std::uintptr_t>(p);
+  if (v == 0) return 256;
+  return static_cast<unsigned>(std::min<std::uintptr_t>(256, v & (~v + 1)));
+}
+}  // namespace
+
+detail::lt_plan* detail::blas_state::lt_plan_for(cublasOperation_t ta, cublasOperation_t tb,
+                                                 const gemm_plan& g, const void* a, const void* b,
+                                                 const void* c) {
+  if (!use_lt || !lt || g.m == 0 || g.n == 0 || g.k == 0) return nullptr;
+  const bool t32 = tf32.load(std::memory_order_relaxed);
+  const lt_key key{
+      t32,   static_cast<int>(ta), static_cast<int>(tb), g.m,         g.n, g.k, g.lda, g.ldb,
+      g.ldc, alignment(a),         alignment(b),         alignment(c)};
+  if (auto* found = lt_plans.find(key)) return (*found)->usable ? found->get() : nullptr;
+  if (!workspace()) return nullptr;
+  auto plan = std::make_shared<lt_plan>();
+  ++lt_plans_made;
+  const bool ok = [&] {
+    const cublasComputeType_t compute =
+        t32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F_PEDANTIC;
+    if (cublasLtMatmulDescCreate(&plan->desc, compute, CUDA_R_32F) != CUBLAS_STATUS_SUCCESS)
+      return false;
+    if (cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta) !=
+            CUBLAS_STATUS_SUCCESS ||
+        cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb) !=
+            CUBLAS_STATUS_SUCCESS)
+      return false;
+    // The layouts describe the stored matrices.
+    const bool at = ta == CUBLAS_OP_T, bt = tb == CUBLAS_OP_T;
+    if (cublasLtMatrixLayoutCreate(&plan->la, CUDA_R_32F, at ? g.k : g.m, at ? g.m : g.k, g.lda) !=
+            CUBLAS_STATUS_SUCCESS ||
+        cublasLtMatrixLayoutCreate(&plan->lb, CUDA_R_32F, bt ? g.n : g.k, bt ? g.k : g.n, g.ldb) !=
+            CUBLAS_STATUS_SUCCESS ||
+        cublasLtMatrixLayoutCreate(&plan->lc, CUDA_R_32F, g.m, g.n, g.ldc) != CUBLAS_STATUS_SUCCESS)
+      return false;
+    cublasLtMatmulPreference_t pref = nullptr;
+    if (cublasLtMatmulPreferenceCreate(&pref) != CUBLAS_STATUS_SUCCESS) return false;
+    const std::uint64_t ws = work_bytes;
+    const std::uint32_t al_a = key.align_a, al_b = key.align_b, al_c = key.align_c;
+    bool set = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                                    &ws, sizeof ws) == CUBLAS_STATUS_SUCCESS;
+    // Algorithms that need more alignment than the buffers have are excluded.
+    for (auto [attr, v] : {std::pair{CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &al_a},
+                           std::pair{CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &al_b},
+                           std::pair{CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al_c},
+                           std::pair{CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al_c}})
+      set = set &&
+            cublasLtMatmulPreferenceSetAttribute(pref, attr, v, sizeof *v) == CUBLAS_STATUS_SUCCESS;
+    cublasLtMatmulHeuristicResult_t heur{};
+    int found = 0;
+    const bool chosen =
+        set &&
+        cublasLtMatmulAlgoGetHeuristic(lt, plan->desc, plan->la, plan->lb, plan->lc, plan->lc, pref,
+                                       1, &heur, &found) == CUBLAS_STATUS_SUCCESS &&
+        found > 0 && heur.state == CUBLAS_STATUS_SUCCESS;
+    cublasLtMatmulPreferenceDestroy(pref);
+    if (chosen) plan->algo = heur.algo;
+    return chosen;
+  }();
+  plan->usable = ok;
+  cudaGetLastError();
+  auto& kept = lt_plans.insert(key, std::move(plan));
+  return kept->usable ? kept.get() : nullptr;
 }
 
 template <class Call>
 result<void> detail::blas_state::run_recorded(const gemm_key& key, std::string_view name,
                                               Call&& call,
                                               std::shared_ptr<const recorded_exec>& keep) {
-  if (graph_capacity == 0 || recording_failed) return cublas_ok(call(), name);
   const cudaStream_t own = core.strm.native_handle();
+  if (graph_capacity == 0 || recording_failed) return cublas_ok(call(own), name);
   if (auto* rec = gemm_graphs.find(key)) {
     keep = *rec;
   } else if (gemm_seen.find(key) == nullptr) {
     gemm_seen.insert(key, true);
-    return cublas_ok(call(), name);
+    return cublas_ok(call(own), name);
   } else {
     // Seen before: record it on the recording stream, then launch it. The
     // recording uses a workspace of the actor's own: with cuBLAS's default
@@ -386,11 +510,11 @@ result<void> detail::blas_state::run_recorded(const gemm_key& key, std::string_v
     // graph memory of its own (docs/design.md). All recorded calls of this
     // actor run on its one stream, so they can share it.
     const cudaStream_t cap = capture.get();
-    void* ws = recording_workspace();
+    void* ws = workspace();
     std::shared_ptr<const recorded_exec> rec;
     if (cap && ws && cublasSetStream(handle, cap) == CUBLAS_STATUS_SUCCESS) {
-      if (cublasSetWorkspace(handle, ws, record_ws_bytes) == CUBLAS_STATUS_SUCCESS)
-        rec = record_graph(cap, [&] { return call() == CUBLAS_STATUS_SUCCESS; });
+      if (cublasSetWorkspace(handle, ws, work_bytes) == CUBLAS_STATUS_SUCCESS)
+        rec = record_graph(cap, [&] { return call(cap) == CUBLAS_STATUS_SUCCESS; });
       // The handle goes back to its stream whatever happened (this also
       // resets it to cuBLAS's default workspace, which it used before).
       BOOST_OUTCOME_TRY(cublas_ok(cublasSetStream(handle, own), "cublasSetStream"));
@@ -398,7 +522,7 @@ result<void> detail::blas_state::run_recorded(const gemm_key& key, std::string_v
     if (!rec) {
       recording_failed = true;
       ++failures;
-      return cublas_ok(call(), name);
+      return cublas_ok(call(own), name);
     }
     ++records;
     keep = gemm_graphs.insert(key, std::move(rec));
@@ -509,12 +633,32 @@ asio::awaitable<result<gpu_ref<T>>> do_gemm(state_ptr st, gemm_params p, gpu_ref
     BOOST_OUTCOME_TRY(T * pc, l.write(c));
     const auto& gp = g.value();
     const auto ta = to_cublas(p.transa), tb = to_cublas(p.transb);
-    auto call = [&] {
+    detail::lt_plan* lt = nullptr;
+    // `s`: the stream the handle is on now (the actor's, or the recording one).
+    auto call = [&](cudaStream_t s) {
+      if constexpr (std::is_same_v<T, float>) {
+        if (lt) {
+          const auto r = st->lt_sgemm(*lt, s, static_cast<float>(p.alpha),
+                                      static_cast<float>(p.beta), pa, pb, pc);
+          if (r != CUBLAS_STATUS_NOT_SUPPORTED && r != CUBLAS_STATUS_INVALID_VALUE) {
+            if (r == CUBLAS_STATUS_SUCCESS) ++st->lt_calls;
+            return r;
+          }
+          // Refused before any launch: this shape goes to cublasSgemm from now on.
+          lt->usable = false;
+          lt = nullptr;
+          ++st->lt_fallbacks;
+        }
+      }
       return gemm_traits<T>::gemm(st->handle, ta, tb, gp, p.alpha, p.beta, pa, pb, pc);
     };
     std::shared_ptr<const detail::recorded_exec> rec;
     {
       std::lock_guard lk(core.enqueue_mu);
+      if constexpr (std::is_same_v<T, float>) {
+        lt = st->lt_plan_for(ta, tb, gp, pa, pb, pc);
+        if (!lt && st->use_lt) ++st->lt_fallbacks;
+      }
       const detail::gemm_key key{dtype_of<T>,
                                  st->tf32.load(std::memory_order_relaxed),
                                  static_cast<int>(ta),
@@ -836,7 +980,8 @@ result<blas_actor> blas_actor::create(device dev, blas_options options) {
   auto s = dev.acquire_stream(options.streams.value_or(dev.options().streams), k_lib);
   if (!s) return tag(s.error());
   const completion how = options.how.value_or(dev.options().default_completion);
-  auto st = std::make_shared<blas_state>(dev, std::move(s).value(), how, options.cuda_graph_cache);
+  auto st = std::make_shared<blas_state>(dev, std::move(s).value(), how, options.cuda_graph_cache,
+                                         options.lt_matmul);
 
   if (auto e = cudaSetDevice(dev.ordinal()); e != cudaSuccess)
     return tag(classify(e, "cudaSetDevice"));
@@ -850,6 +995,13 @@ result<blas_actor> blas_actor::create(device dev, blas_options options) {
     return classify(e, "cublasSetStream");
   if (auto e = cublasSetPointerMode(h, CUBLAS_POINTER_MODE_HOST); e != CUBLAS_STATUS_SUCCESS)
     return classify(e, "cublasSetPointerMode");
+  if (options.lt_matmul) {
+    cublasLtHandle_t lt = nullptr;
+    if (cublasLtCreate(&lt) == CUBLAS_STATUS_SUCCESS)
+      st->lt = lt;
+    else
+      cudaGetLastError();  // f32 gemm then goes to cublasSgemm (counted as fallbacks)
+  }
   blas_actor actor(std::move(st));
   BOOST_OUTCOME_TRY(actor.set_tf32(options.tf32));
   return actor;
@@ -875,6 +1027,9 @@ blas_statistics blas_actor::statistics() const {
   s.gemm_graph_launches = st_->launches;
   s.gemm_graph_failures = st_->failures;
   s.gemm_graphs_cached = st_->gemm_graphs.size();
+  s.gemm_lt_calls = st_->lt_calls;
+  s.gemm_lt_plans = st_->lt_plans_made;
+  s.gemm_lt_fallbacks = st_->lt_fallbacks;
   return s;
 }
 

@@ -617,3 +617,47 @@ TEST_CASE_FIXTURE(blas_fixture, "many recorded gemm calls: every one is kept, no
   CHECK(s.gemm_graph_launches == calls);
   CHECK(s.gemm_graphs_cached == calls);
 }
+
+TEST_CASE_FIXTURE(blas_fixture,
+                  "f32 gemm through cuBLASLt and through cublasSgemm, aligned or not") {
+  // Every case on an actor with cuBLASLt (the default) and one without; then
+  // the second case with A, B and C one element into their buffers (4-byte
+  // alignment: a plan of its own, with algorithms that accept it).
+  auto with_lt = blas_actor::create(dev).value();
+  auto without = blas_actor::create(dev, {.lt_matmul = false}).value();
+  check_gemm_cases<float>(*this, with_lt, tolerance<float>());
+  check_gemm_cases<float>(*this, without, tolerance<float>());
+  const auto cases = gemm_cases().size();
+  auto s = with_lt.statistics();
+  CHECK(s.gemm_lt_calls == cases);
+  CHECK(s.gemm_lt_plans == cases);
+  CHECK(s.gemm_lt_fallbacks == 0);
+  CHECK(without.statistics().gemm_lt_calls == 0);
+  CHECK(without.statistics().gemm_lt_plans == 0);
+  // The same shapes again: the plans are reused.
+  check_gemm_cases<float>(*this, with_lt, tolerance<float>());
+  CHECK(with_lt.statistics().gemm_lt_plans == cases);
+  CHECK(with_lt.statistics().gemm_lt_calls == 2 * cases);
+
+  const auto c = gemm_cases()[1];  // transposed A, padding, beta != 0
+  auto ha = random_values<float>(a_size(c) + 1, 61);
+  auto hb = random_values<float>(b_size(c) + 1, 62);
+  auto hc0 = random_values<float>(c_size(c) + 1, 63);
+  auto a = put(ha).subspan(1, a_size(c)).value();
+  auto b = put(hb).subspan(1, b_size(c)).value();
+  auto whole_c = put(hc0);
+  auto cv = whole_c.subspan(1, c_size(c)).value();
+  for (const blas_actor* actor : {&with_lt, &without}) {
+    REQUIRE(run(upload(std::span<const float>(hc0), whole_c)));
+    REQUIRE(run(actor->gemm(params_of(c), a, b, cv)));
+    auto out = get(whole_c);
+    CHECK(out[0] == hc0[0]);  // the element before C is untouched
+    CHECK(gemm_error(c, ha.data() + 1, hb.data() + 1, hc0.data() + 1, out.data() + 1, true) <
+          tolerance<float>());
+  }
+  CHECK(with_lt.statistics().gemm_lt_plans == cases + 1);
+  CHECK(with_lt.statistics().gemm_lt_calls == 2 * cases + 1);
+  // An empty product goes to cublasSgemm (C = beta * C there).
+  REQUIRE(run(with_lt.gemm({.m = 0, .n = 0, .k = 0}, a, b, cv)));
+  CHECK(with_lt.statistics().gemm_lt_fallbacks == 1);
+}

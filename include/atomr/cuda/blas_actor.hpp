@@ -43,6 +43,15 @@ struct blas_options {
   /// gemms 1.9 to 2.6x faster, but eight streams ran slower, and so did
   /// other cuBLAS users in the process (docs/performance.md, session 9).
   std::size_t cuda_graph_cache = 0;
+  /// f32 gemm through cuBLASLt (cublasLtMatmul) with the algorithm chosen
+  /// once per shape, math mode and pointer alignment and cached, instead of
+  /// cublasSgemm, which runs cuBLAS's heuristics on every call. Same math
+  /// (pedantic f32, or TF32 when `tf32`); on the H200 host it cost ~2 us less
+  /// host time per small call (docs/performance.md, session 10). Uses the
+  /// actor's workspace (32 MiB from compute capability 9, else 4 MiB, made
+  /// on first use). A shape cuBLASLt has no algorithm for, an empty one, or
+  /// a workspace that could not be made falls back to cublasSgemm.
+  bool lt_matmul = true;
 };
 
 /// A snapshot of an actor's recorded gemm calls.
@@ -51,6 +60,9 @@ struct blas_statistics {
   std::uint64_t gemm_graph_launches = 0;  ///< gemm calls run as a recorded graph
   std::uint64_t gemm_graph_failures = 0;  ///< recordings that failed (recording then stops)
   std::size_t gemm_graphs_cached = 0;
+  std::uint64_t gemm_lt_calls = 0;      ///< f32 gemm calls made through cublasLtMatmul
+  std::uint64_t gemm_lt_plans = 0;      ///< cuBLASLt algorithm choices made (cached after)
+  std::uint64_t gemm_lt_fallbacks = 0;  ///< f32 gemm calls cuBLASLt could not take
 };
 
 /// C = alpha * op(A) * op(B) + beta * C, with op(A) m x k, op(B) k x n, C m x n.
