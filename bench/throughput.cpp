@@ -125,7 +125,7 @@ struct options {
   double seconds = 1.0;
   std::uint64_t min_ops = 20000;
   unsigned warmup = 2;
-  unsigned rounds = 3;            // paired windows (ours, then raw) per measurement
+  unsigned rounds = 5;            // paired windows (ours, then raw) per measurement
   long long max_batch = -1;       // -1: the device's default
   long long launch_threads = -1;  // -1: the device's default
   long long busy_poll_us = -1;    // -1: the device's default
@@ -176,7 +176,7 @@ void print_usage(std::FILE* to) {
                "  --min-ops N        at least N operations per window, 1..%lld\n"
                "                     (default 20000)\n"
                "  --rounds R         paired rounds (an ours window, then a raw window) per\n"
-               "                     measurement, 1..%lld (default 3)\n"
+               "                     measurement, 1..%lld (default 5)\n"
                "  --warmup W         untimed rounds before timing: W operations per coroutine\n"
                "                     and W per raw buffer set, 0..%lld (default 2)\n"
                "  --device D         device ordinal (default 0)\n"
