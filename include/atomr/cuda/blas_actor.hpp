@@ -38,10 +38,12 @@ struct blas_options {
   /// used dropped first); 0 (the default) turns recording off. A gemm is
   /// recorded the second time the same call (parameters, alpha, beta, math
   /// mode and buffers) is seen, and later identical calls launch the graph
-  /// (cudaGraphLaunch instead of cuBLAS's host work per call). Off by
-  /// default: with ~1000 recorded calls alive, one io thread ran small
-  /// gemms 1.9 to 2.6x faster, but eight streams ran slower, and so did
-  /// other cuBLAS users in the process (docs/performance.md, session 9).
+  /// (cudaGraphLaunch instead of cuBLAS's host work per call), using the
+  /// actor's workspace. Off by default: one io thread ran small gemms 2.2x
+  /// faster, but many distinct recorded calls launched from several threads
+  /// ran slower than plain calls, and left the process's other cuBLAS calls
+  /// slower for a while after (docs/design.md). Suits one thread replaying
+  /// a few calls.
   std::size_t cuda_graph_cache = 0;
   /// f32 gemm through cuBLASLt (cublasLtMatmul) with the algorithm chosen
   /// once per shape, math mode and pointer alignment and cached, instead of
