@@ -113,11 +113,6 @@ struct blas_state {
   bool recording_failed = false;
   std::uint64_t records = 0, launches = 0, failures = 0;
 
-  /// Runs `call()` (one cuBLAS enqueue on the handle's stream) directly, or
-  /// as the CUDA graph recorded for `key`: recorded the second time `key`
-  /// is seen, launched from then on. A call pattern wider than the cache
-  /// never records (seen and recorded entries age out alike). `keep`
-  /// receives the graph the GPU work uses. Lock held, device current.
   /// The workspace, made once: 32 MiB on compute capability 9 and later,
   /// 4 MiB before (cuBLAS's recommendation for cublasSetWorkspace). Null
   /// when it could not be made.
@@ -135,6 +130,12 @@ struct blas_state {
                           plan.lc, &plan.algo, work, work_bytes, s);
   }
 
+  /// Runs `call(stream)` (one cuBLAS enqueue on `stream`, which the handle
+  /// is on) directly, or as the CUDA graph recorded for `key`: recorded the
+  /// second time `key` is seen, launched from then on. A call pattern wider
+  /// than the cache never records (seen and recorded entries age out
+  /// alike). `keep` receives the graph the GPU work uses. Lock held, device
+  /// current.
   template <class Call>
   result<void> run_recorded(const gemm_key& key, std::string_view name, Call&& call,
                             std::shared_ptr<const recorded_exec>& keep);
