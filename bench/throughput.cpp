@@ -129,6 +129,7 @@ struct options {
   long long max_batch = -1;       // -1: the device's default
   long long launch_threads = -1;  // -1: the device's default
   long long busy_poll_us = -1;    // -1: the device's default
+  long long launch_spin_us = -1;  // -1: the device's default
   long long graph_cache = -1;     // -1: blas_options' default
   int device = 0;
   std::string json;
@@ -170,6 +171,8 @@ void print_usage(std::FILE* to) {
                "                     library's default; 0 = batches run on the io threads)\n"
                "  --busy-poll-us U   device_options::busy_poll_interval in us, 0..1000\n"
                "                     (default: the library's default)\n"
+               "  --launch-spin-us U device_options::launch_spin in us, 0..10000 (default:\n"
+               "                     the library's default)\n"
                "  --graph-cache N    blas_options::cuda_graph_cache, 0..65536; 0 = gemm calls\n"
                "                     never recorded as CUDA graphs (default: the library's)\n"
                "  --seconds S        timed seconds per window, > 0 and <= %.0f (default 1)\n"
@@ -237,7 +240,8 @@ std::optional<int> parse_args(int argc, char** argv, options& o) {
   static const char* const known[] = {"threads",   "coroutines",     "work",         "actors",
                                       "pin",       "seconds",        "min-ops",      "warmup",
                                       "rounds",    "device",         "json",         "help",
-                                      "max-batch", "launch-threads", "busy-poll-us", "graph-cache"};
+                                      "max-batch", "launch-threads", "busy-poll-us", "graph-cache",
+                                      "launch-spin-us"};
   for (const auto& [k, v] : a.kv) {
     bool ok = false;
     for (const char* name : known) ok = ok || k == name;
@@ -286,6 +290,7 @@ std::optional<int> parse_args(int argc, char** argv, options& o) {
   if (auto r = integer("max-batch", 1, 1 << 20, o.max_batch)) return r;
   if (auto r = integer("launch-threads", 0, 64, o.launch_threads)) return r;
   if (auto r = integer("busy-poll-us", 0, 1000, o.busy_poll_us)) return r;
+  if (auto r = integer("launch-spin-us", 0, 10000, o.launch_spin_us)) return r;
   if (auto r = integer("graph-cache", 0, 1 << 16, o.graph_cache)) return r;
   if (a.has("work")) {
     for (const auto& name : split(a.get("work"))) {
@@ -415,6 +420,8 @@ struct measured {
   std::uint64_t ops = 0;
   double seconds = 0;
   double cpu_us = 0;
+  // Ours only: the device's statistics over the window (device_statistics).
+  std::uint64_t batches = 0, ops_batched = 0, launch_sleeps = 0;
   double ops_per_s() const { return seconds > 0 ? static_cast<double>(ops) / seconds : 0.0; }
   double cpu_us_per_op() const { return ops > 0 ? cpu_us / static_cast<double>(ops) : 0.0; }
 };
@@ -757,6 +764,7 @@ public:
     if (o_.max_batch > 0) dopts.max_batch = static_cast<std::size_t>(o_.max_batch);
     if (o_.launch_threads >= 0) dopts.launch_threads = static_cast<std::size_t>(o_.launch_threads);
     if (o_.busy_poll_us >= 0) dopts.busy_poll_interval = std::chrono::microseconds(o_.busy_poll_us);
+    if (o_.launch_spin_us >= 0) dopts.launch_spin = std::chrono::microseconds(o_.launch_spin_us);
     auto opened = cuda::device::open(ioc_.get_executor(), o_.device, dopts);
     if (!opened) {
       fail_.add(ctl_.where + ": device::open failed: " + describe(opened.error()));
@@ -793,9 +801,14 @@ public:
     ctl_.rounds = 0;
     ctl_.completed = 0;
     ctl_.stop = false;  // the previous window ended by setting it
+    const auto before = live_->dev.statistics();
     ctl_.rule = stop_rule::from_now(o_);
     measured m = issue_all();
     m.ops = ctl_.completed.load();
+    const auto after = live_->dev.statistics();
+    m.batches = after.batches - before.batches;
+    m.ops_batched = after.ops_batched - before.ops_batched;
+    m.launch_sleeps = after.launch_sleeps - before.launch_sleeps;
     if (fail_.any()) return std::nullopt;
     return m;
   }
@@ -1169,6 +1182,9 @@ measured sum(const std::vector<measured>& ms) {
     t.ops += m.ops;
     t.seconds += m.seconds;
     t.cpu_us += m.cpu_us;
+    t.batches += m.batches;
+    t.ops_batched += m.ops_batched;
+    t.launch_sleeps += m.launch_sleeps;
   }
   return t;
 }
@@ -1255,6 +1271,19 @@ int run(const options& o, const std::string& command) {
         std::printf("%-9s %4u %6u %6u %12.0f %12.0f %7.3f %10.2f %10.2f  %.3f..%.3f\n", w->name,
                     threads, coroutines, actors, s.ops_per_s, s.raw_ops_per_s, s.ratio,
                     s.cpu_us_per_op, s.raw_cpu_us_per_op, s.ratio_min, s.ratio_max);
+        // How ours ran: operations per batch (one event each), the share that
+        // joined a batch, and how often a launch thread ran dry and slept.
+        const auto& t = s.ours_total;
+        const double per_batch =
+            t.batches ? static_cast<double>(t.ops_batched) / static_cast<double>(t.batches) : 0.0;
+        const double batched_share =
+            t.ops ? static_cast<double>(t.ops_batched) / static_cast<double>(t.ops) : 0.0;
+        const double sleeps_per_kop =
+            t.ops ? 1000.0 * static_cast<double>(t.launch_sleeps) / static_cast<double>(t.ops)
+                  : 0.0;
+        std::printf("%-9s   ours: %.1f ops per batch, %.1f%% of ops batched, %.2f launch-thread "
+                    "sleeps per 1000 ops\n",
+                    "", per_batch, 100.0 * batched_share, sleeps_per_kop);
         std::fflush(stdout);
         rows.push_back(bench::json::object(
             {{"work", w->name},
@@ -1275,6 +1304,13 @@ int run(const options& o, const std::string& command) {
               static_cast<std::int64_t>(o.busy_poll_us >= 0
                                             ? o.busy_poll_us
                                             : cuda::device_options{}.busy_poll_interval.count())},
+             {"launch_spin_us",
+              static_cast<std::int64_t>(o.launch_spin_us >= 0
+                                            ? o.launch_spin_us
+                                            : cuda::device_options{}.launch_spin.count())},
+             {"ops_per_batch", per_batch},
+             {"batched_share", batched_share},
+             {"launch_sleeps_per_kop", sleeps_per_kop},
              {"blas_graph_cache",
               static_cast<std::int64_t>(
                   o.graph_cache >= 0

@@ -85,7 +85,7 @@ device_impl::device_impl(const asio::any_io_executor& ex, int ord, const device_
       options(o),
       polls(std::make_shared<poll_hub>(
           ex, [this] { return health.load() == health_state::healthy; }, o.max_batch,
-          o.launch_threads, o.busy_poll_interval)),
+          o.launch_threads, o.busy_poll_interval, o.launch_spin)),
       strand_(ex),
       monitor_timer_(strand_) {}
 
@@ -508,6 +508,10 @@ result<void> check_device_options(const device_options& o) {
   if (poll < 0 || poll > 1000)
     return detail::bad_argument(op, "options.busy_poll_interval",
                                 "(" + std::to_string(poll) + " us) is not within 0..1000 us");
+  const auto spin = o.launch_spin.count();
+  if (spin < 0 || spin > 10000)
+    return detail::bad_argument(op, "options.launch_spin",
+                                "(" + std::to_string(spin) + " us) is not within 0..10000 us");
   return outcome::success();
 }
 
@@ -586,6 +590,7 @@ device_statistics device::statistics() const {
   s.events_created = d.events ? d.events->created() : 0;
   s.ops_batched = d.ops_batched.load();
   s.batches = d.batches.load();
+  s.launch_sleeps = d.polls ? d.polls->launch_sleeps() : 0;
   s.pinned_cached_bytes = d.pinned ? d.pinned->cached_bytes() : 0;
   if (s.health == health_state::healthy && d.make_current() == cudaSuccess) {
     if (cudaMemGetInfo(&s.free_bytes, &s.total_bytes) != cudaSuccess) cudaGetLastError();

@@ -9,11 +9,6 @@
 namespace atomr::cuda::detail {
 
 namespace {
-// A launch thread out of work keeps looking this long before it sleeps:
-// waking a sleeping thread costs 10 to 70 us on the measured host, longer
-// than the gap between two batches of a busy stream.
-constexpr auto k_launcher_spin = std::chrono::microseconds(50);
-
 inline void cpu_relax() noexcept {
 #if defined(__x86_64__) || defined(__i386__)
   __builtin_ia32_pause();
@@ -33,16 +28,20 @@ struct poll_hub::launcher {
   std::atomic<std::size_t> queued{0};                 // ready.size(), read while spinning
   bool sleeping = false;                              // in cv.wait; guarded by mu
   std::atomic<bool> stop{false};
+  std::atomic<std::uint64_t> sleeps{0};  // found nothing within `spin` and slept
+  poll_hub::clock::duration spin{};      // device_options::launch_spin
   std::thread thread;
 };
 
 poll_hub::poll_hub(asio::any_io_executor ex, std::function<bool()> accepting, std::size_t max_batch,
-                   std::size_t launch_threads, clock::duration busy_poll_interval)
+                   std::size_t launch_threads, clock::duration busy_poll_interval,
+                   clock::duration launch_spin)
     : ex_(std::move(ex)),
       accepting_(std::move(accepting)),
       max_batch_(std::max<std::size_t>(1, max_batch)),
       launch_threads_(launch_threads),
       busy_poll_interval_(busy_poll_interval),
+      launch_spin_(launch_spin),
       launchers_(launch_threads) {}
 
 poll_hub::~poll_hub() {
@@ -75,16 +74,25 @@ void poll_hub::stop_launchers() {
   }
 }
 
+std::uint64_t poll_hub::launch_sleeps() const {
+  std::lock_guard lk(mu_);
+  std::uint64_t n = 0;
+  for (const auto& w : launchers_)
+    if (w) n += w->sleeps.load(std::memory_order_relaxed);
+  return n;
+}
+
 void poll_hub::launcher_loop(const std::shared_ptr<launcher>& me,
                              const std::weak_ptr<poll_hub>& hub) {
   for (;;) {
-    const auto until = clock::now() + k_launcher_spin;
+    const auto until = clock::now() + me->spin;
     while (me->queued.load(std::memory_order_acquire) == 0 && !me->stop.load() &&
            clock::now() < until)
       cpu_relax();
     std::shared_ptr<deferred_queue> q;
     {
       std::unique_lock lk(me->mu);
+      if (me->ready.empty() && !me->stop.load()) me->sleeps.fetch_add(1, std::memory_order_relaxed);
       me->sleeping = true;
       me->cv.wait(lk, [&] { return me->stop.load() || !me->ready.empty(); });
       me->sleeping = false;
@@ -140,6 +148,7 @@ void poll_hub::register_queue(const std::shared_ptr<deferred_queue>& q) {
     auto& w = launchers_[q->launcher];
     if (!w && !launchers_stopped_.load()) {
       w = std::make_shared<launcher>();
+      w->spin = launch_spin_;
       w->thread = std::thread([w = w, hub = weak_from_this()] { launcher_loop(w, hub); });
     }
   }

@@ -70,7 +70,8 @@ public:
   /// `accepting` reports whether the device still accepts work; batches of
   /// deferred waits run on up to `launch_threads` threads of the hub (0: on `ex`).
   poll_hub(asio::any_io_executor ex, std::function<bool()> accepting, std::size_t max_batch,
-           std::size_t launch_threads, clock::duration busy_poll_interval = {});
+           std::size_t launch_threads, clock::duration busy_poll_interval = {},
+           clock::duration launch_spin = std::chrono::microseconds(50));
   ~poll_hub();
   poll_hub(const poll_hub&) = delete;
   poll_hub& operator=(const poll_hub&) = delete;
@@ -87,6 +88,9 @@ public:
   /// Drops every wait without completing it and stops the launch threads
   /// (context shutdown; later batches run on the executor).
   void clear();
+
+  /// Times a launch thread out of work slept (device_statistics::launch_sleeps).
+  std::uint64_t launch_sleeps() const;
 
   /// A thread that runs the batches of the lanes assigned to it (poll_hub.cpp).
   struct launcher;
@@ -128,6 +132,7 @@ private:
   const std::size_t max_batch_;  // deferred enqueues per drain run (one event each)
   const std::size_t launch_threads_;
   const clock::duration busy_poll_interval_;
+  const clock::duration launch_spin_;  // a launch thread out of work looks this long, then sleeps
   std::atomic<int> launching_{0};  // launch threads inside a drain now
   /// Started with the first queue assigned to them (under mu_, before the
   /// queue's `registered` is set: a drain reads its slot after that).

@@ -329,6 +329,14 @@ void batched_behind_busy_stream::check() {
   CHECK(after.batches - before.batches <= static_cast<std::uint64_t>(k));
   CHECK(after.parked == 0);
   CHECK(after.ops_in_flight == 0);
+  // With no more work, a launch thread looks for launch_spin, then sleeps
+  // (counted); without launch threads nothing sleeps.
+  auto sleeps = after.launch_sleeps;
+  for (int i = 0; i < 1000 && on_launch_threads && sleeps == before.launch_sleeps; ++i) {
+    std::this_thread::sleep_for(1ms);
+    sleeps = dev.statistics().launch_sleeps;
+  }
+  CHECK((sleeps > before.launch_sleeps) == on_launch_threads);
 }
 
 TEST_CASE(
@@ -345,9 +353,11 @@ TEST_CASE(
 
 TEST_CASE(
     "work queued behind a busy stream is batched on a launch thread, right, failed alone, "
-    "or cancelled, with the poller asking at most every 50 us while a batch launches") {
-  batched_behind_busy_stream(
-      device_options{.launch_threads = 2, .busy_poll_interval = std::chrono::microseconds(50)})
+    "or cancelled, with the poller asking at most every 50 us while a batch launches, and "
+    "launch threads that sleep at once when out of work") {
+  batched_behind_busy_stream(device_options{.launch_threads = 2,
+                                            .busy_poll_interval = std::chrono::microseconds(50),
+                                            .launch_spin = std::chrono::microseconds(0)})
       .check();
 }
 

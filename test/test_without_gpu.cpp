@@ -53,10 +53,16 @@ TEST_CASE_FIXTURE(io_fixture, "device options out of range are refused before an
   slow.busy_poll_interval = microseconds(1001);
   device_options negative;
   negative.busy_poll_interval = microseconds(-1);
+  device_options long_spin;
+  long_spin.launch_spin = microseconds(10001);
+  device_options negative_spin;
+  negative_spin.launch_spin = microseconds(-5);
   for (const auto& [o, names] : {bad_case{threads, "options.launch_threads (65)"},
                                  bad_case{huge, "options.launch_threads (1099511627776)"},
                                  bad_case{slow, "options.busy_poll_interval (1001 us)"},
-                                 bad_case{negative, "options.busy_poll_interval (-1 us)"}}) {
+                                 bad_case{negative, "options.busy_poll_interval (-1 us)"},
+                                 bad_case{long_spin, "options.launch_spin (10001 us)"},
+                                 bad_case{negative_spin, "options.launch_spin (-5 us)"}}) {
     CAPTURE(names);
     CHECK(check_device_options(o).error().code() == errc::invalid_argument);
     // Ordinal 0 whether or not it is usable here: the options are refused
@@ -73,6 +79,9 @@ TEST_CASE_FIXTURE(io_fixture, "device options out of range are refused before an
   device_options edge;
   edge.launch_threads = 64;
   edge.busy_poll_interval = microseconds(1000);
+  edge.launch_spin = microseconds(10000);
+  CHECK(check_device_options(edge));
+  edge.launch_spin = microseconds(0);
   CHECK(check_device_options(edge));
   CHECK(check_device_options(device_options{}));
 }

@@ -63,10 +63,15 @@ struct device_options {
   /// (its queries and those launches take the same driver locks;
   /// docs/design.md). Zero: on every turn. 0 to 1000 us.
   std::chrono::microseconds busy_poll_interval{0};
+  /// event_poll: how long a launch thread that ran out of work keeps looking
+  /// for more before it sleeps (waking a sleeping thread costs tens of
+  /// microseconds; docs/design.md, "launch threads"). Spinning costs CPU only
+  /// right after work, never on an idle device. 0 to 10000 us.
+  std::chrono::microseconds launch_spin{50};
 };
 
 /// invalid_argument naming the first option out of its documented range
-/// (launch_threads, busy_poll_interval); no CUDA call. Opening a device
+/// (launch_threads, busy_poll_interval, launch_spin); no CUDA call. Opening a device
 /// checks its options with this first.
 result<void> check_device_options(const device_options& o);
 
@@ -96,6 +101,8 @@ struct device_statistics {
   /// once, and the batches (drains) that launched them: one event each.
   std::uint64_t ops_batched = 0;
   std::uint64_t batches = 0;
+  /// Times a launch thread found no work within launch_spin and slept.
+  std::uint64_t launch_sleeps = 0;
   std::size_t pinned_cached_bytes = 0;
   std::uint64_t generation = 0;
   health_state health = health_state::unavailable;
