@@ -135,9 +135,10 @@ struct blas_state {
   /// second time `key` is seen, launched from then on. A call pattern wider
   /// than the cache never records (seen and recorded entries age out
   /// alike). `keep` receives the graph the GPU work uses. Lock held, device
-  /// current.
+  /// current. `name`, the function an error is tagged with, is read after
+  /// the call: the call sets it to the function it used.
   template <class Call>
-  result<void> run_recorded(const gemm_key& key, std::string_view name, Call&& call,
+  result<void> run_recorded(const gemm_key& key, const std::string_view& name, Call&& call,
                             std::shared_ptr<const recorded_exec>& keep);
 };
 
@@ -493,16 +494,20 @@ detail::lt_plan* detail::blas_state::lt_plan_for(cublasOperation_t ta, cublasOpe
 }
 
 template <class Call>
-result<void> detail::blas_state::run_recorded(const gemm_key& key, std::string_view name,
+result<void> detail::blas_state::run_recorded(const gemm_key& key, const std::string_view& name,
                                               Call&& call,
                                               std::shared_ptr<const recorded_exec>& keep) {
   const cudaStream_t own = core.strm.native_handle();
-  if (graph_capacity == 0 || recording_failed) return cublas_ok(call(own), name);
+  auto direct = [&] {
+    const cublasStatus_t r = call(own);  // first: it sets `name`
+    return cublas_ok(r, name);
+  };
+  if (graph_capacity == 0 || recording_failed) return direct();
   if (auto* rec = gemm_graphs.find(key)) {
     keep = *rec;
   } else if (gemm_seen.find(key) == nullptr) {
     gemm_seen.insert(key, true);
-    return cublas_ok(call(own), name);
+    return direct();
   } else {
     // Seen before: record it on the recording stream, then launch it. The
     // recording uses a workspace of the actor's own: with cuBLAS's default
@@ -523,7 +528,7 @@ result<void> detail::blas_state::run_recorded(const gemm_key& key, std::string_v
     if (!rec) {
       recording_failed = true;
       ++failures;
-      return cublas_ok(call(own), name);
+      return direct();
     }
     ++records;
     keep = gemm_graphs.insert(key, std::move(rec));
@@ -635,14 +640,17 @@ asio::awaitable<result<gpu_ref<T>>> do_gemm(state_ptr st, gemm_params p, gpu_ref
     const auto& gp = g.value();
     const auto ta = to_cublas(p.transa), tb = to_cublas(p.transb);
     detail::lt_plan* lt = nullptr;
+    std::string_view used = gemm_traits<T>::name;  // what an error names
     // `s`: the stream the handle is on now (the actor's, or the recording one).
     auto call = [&](cudaStream_t s) {
+      used = gemm_traits<T>::name;
       if constexpr (std::is_same_v<T, float>) {
         if (lt) {
           const auto r = st->lt_sgemm(*lt, s, static_cast<float>(p.alpha),
                                       static_cast<float>(p.beta), pa, pb, pc);
           if (r != CUBLAS_STATUS_NOT_SUPPORTED && r != CUBLAS_STATUS_INVALID_VALUE) {
             if (r == CUBLAS_STATUS_SUCCESS) ++st->lt_calls;
+            used = "cublasLtMatmul";
             return r;
           }
           // Refused before any launch: this shape goes to cublasSgemm from now on.
@@ -675,7 +683,7 @@ asio::awaitable<result<gpu_ref<T>>> do_gemm(state_ptr st, gemm_params p, gpu_ref
                                  reinterpret_cast<std::uintptr_t>(pa),
                                  reinterpret_cast<std::uintptr_t>(pb),
                                  reinterpret_cast<std::uintptr_t>(pc)};
-      BOOST_OUTCOME_TRY(st->run_recorded(key, gemm_traits<T>::name, call, rec));
+      BOOST_OUTCOME_TRY(st->run_recorded(key, used, call, rec));
     }
     return keep{a, b, std::move(rec), st};
   });

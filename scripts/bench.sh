@@ -20,6 +20,11 @@ for b in ${BENCHES:-latency throughput streams large torch}; do
     # comparison's configuration (torch: 8 streams from one Python thread).
     streams) cmd=("$build/bench/atomr-bench-throughput" --threads 1 --actors 8 ${BENCH_ARGS:-}
                   --json "$out/throughput_streams.json") ;;
+    # Nine paired rounds: the raw ceiling of the small operations moves by up
+    # to 40% between rounds on the shared host, and with five rounds one
+    # slow stretch moved the sgemm 64 median at T = 8 by ~0.1 (docs/performance.md).
+    throughput) cmd=("$build/bench/atomr-bench-throughput" --rounds 9 ${BENCH_ARGS:-}
+                     --json "$out/throughput.json") ;;
     *) cmd=("$build/bench/atomr-bench-$b" ${BENCH_ARGS:-} --json "$out/$b.json") ;;
   esac
   echo "${cmd[*]}" | sed "s|$out/|bench/results/|g" >>"$out/command.txt"
