@@ -237,11 +237,10 @@ std::optional<int> parse_args(int argc, char** argv, options& o) {
     if (u.rfind("--", 0) == 0) return usage_error("option '" + u + "' needs a value");
     return usage_error("unexpected argument '" + u + "'");
   }
-  static const char* const known[] = {"threads",   "coroutines",     "work",         "actors",
-                                      "pin",       "seconds",        "min-ops",      "warmup",
-                                      "rounds",    "device",         "json",         "help",
-                                      "max-batch", "launch-threads", "busy-poll-us", "graph-cache",
-                                      "launch-spin-us"};
+  static const char* const known[] = {
+      "threads",   "coroutines",     "work",         "actors",      "pin",           "seconds",
+      "min-ops",   "warmup",         "rounds",       "device",      "json",          "help",
+      "max-batch", "launch-threads", "busy-poll-us", "graph-cache", "launch-spin-us"};
   for (const auto& [k, v] : a.kv) {
     bool ok = false;
     for (const char* name : known) ok = ok || k == name;
@@ -1281,9 +1280,10 @@ int run(const options& o, const std::string& command) {
         const double sleeps_per_kop =
             t.ops ? 1000.0 * static_cast<double>(t.launch_sleeps) / static_cast<double>(t.ops)
                   : 0.0;
-        std::printf("%-9s   ours: %.1f ops per batch, %.1f%% of ops batched, %.2f launch-thread "
-                    "sleeps per 1000 ops\n",
-                    "", per_batch, 100.0 * batched_share, sleeps_per_kop);
+        std::printf(
+            "%-9s   ours: %.1f ops per batch, %.1f%% of ops batched, %.2f launch-thread "
+            "sleeps per 1000 ops\n",
+            "", per_batch, 100.0 * batched_share, sleeps_per_kop);
         std::fflush(stdout);
         rows.push_back(bench::json::object(
             {{"work", w->name},

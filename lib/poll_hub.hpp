@@ -133,7 +133,7 @@ private:
   const std::size_t launch_threads_;
   const clock::duration busy_poll_interval_;
   const clock::duration launch_spin_;  // a launch thread out of work looks this long, then sleeps
-  std::atomic<int> launching_{0};  // launch threads inside a drain now
+  std::atomic<int> launching_{0};      // launch threads inside a drain now
   /// Started with the first queue assigned to them (under mu_, before the
   /// queue's `registered` is set: a drain reads its slot after that).
   std::vector<std::shared_ptr<launcher>> launchers_;
