@@ -70,8 +70,8 @@ public:
   /// `accepting` reports whether the device still accepts work; batches of
   /// deferred waits run on up to `launch_threads` threads of the hub (0: on `ex`).
   poll_hub(asio::any_io_executor ex, std::function<bool()> accepting, std::size_t max_batch,
-           std::size_t launch_threads, clock::duration busy_poll_interval = {},
-           clock::duration launch_spin = std::chrono::microseconds(50));
+           std::size_t launch_threads, clock::duration busy_poll_interval,
+           clock::duration launch_spin);
   ~poll_hub();
   poll_hub(const poll_hub&) = delete;
   poll_hub& operator=(const poll_hub&) = delete;
