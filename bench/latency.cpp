@@ -40,7 +40,7 @@ struct contender {
 
 struct work_spec {
   std::string name;
-  int n;  // 0: empty stream
+  int n;  // 0: empty stream; fill_bytes_work: fill_bytes of 4 bytes
   int reps;
 };
 
@@ -50,10 +50,16 @@ struct bench_state {
   cuda::stream s;
   cublasHandle_t h = nullptr;
   cuda::gpu_ref<float> a, b, c;  // 4096 x 4096 each; smaller work uses the front
+  cuda::gpu_ref<float> c4;        // c's first element: fill_bytes of 4 bytes
+  static constexpr int fill_bytes_work = -1;
 
   /// Enqueues the work on the stream (no wait).
   cublasStatus_t enqueue(int n, const float* pa, const float* pb, float* pc) const {
     if (n == 0) return CUBLAS_STATUS_SUCCESS;
+    if (n == fill_bytes_work)
+      return cudaMemsetAsync(pc, 0, 4, s.native_handle()) == cudaSuccess
+                 ? CUBLAS_STATUS_SUCCESS
+                 : CUBLAS_STATUS_EXECUTION_FAILED;
     const float one = 1.0f, zero = 0.0f;
     return cublasSgemm(h, CUBLAS_OP_N, CUBLAS_OP_N, n, n, n, &one, pa, n, pb, n, &zero, pc, n);
   }
@@ -63,6 +69,12 @@ struct bench_state {
 
   /// One library operation: run_kernel with the buffers declared as a user would.
   asio::awaitable<cuda::result<void>> lib_op(int n, cuda::completion how) {
+    if (n == fill_bytes_work) {
+      // The smallest operation a user awaits: the library's own transfer call.
+      auto r = co_await cuda::fill_bytes(c4, 0, {.on = s, .how = how});
+      if (!r) co_return r.error();
+      co_return cuda::outcome::success();
+    }
     if (n == 0) {
       auto r = co_await cuda::run_kernel("bench", s, how, 0, [](cuda::launch&) { return 0; });
       if (!r) co_return r.error();
@@ -204,6 +216,7 @@ int main(int argc, char** argv) {
   st->a = st->dev.allocate<float>(std::size_t{big} * big, st->s).value();
   st->b = st->dev.allocate<float>(std::size_t{big} * big, st->s).value();
   st->c = st->dev.allocate<float>(std::size_t{big} * big, st->s).value();
+  st->c4 = st->c.subspan(0, 1).value();
   {
     std::vector<float> host(std::size_t{big} * big);
     for (std::size_t i = 0; i < host.size(); ++i)
@@ -219,6 +232,8 @@ int main(int argc, char** argv) {
   cublasSetMathMode(st->h, CUBLAS_PEDANTIC_MATH);
 
   const std::vector<work_spec> works = {{"empty", 0, static_cast<int>(reps)},
+                                        {"fill4", bench_state::fill_bytes_work,
+                                         static_cast<int>(reps)},
                                         {"sgemm256", 256, static_cast<int>(reps)},
                                         {"sgemm1024", 1024, static_cast<int>(reps)},
                                         {"sgemm4096", big, static_cast<int>(reps_big)}};

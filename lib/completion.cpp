@@ -33,6 +33,28 @@ std::string_view to_string(strategy s) noexcept {
   return "unknown";
 }
 
+result<void> check_completion(const completion& how) {
+  switch (how.kind) {
+    case strategy::event_poll:
+    case strategy::host_fn:
+    case strategy::blocking_sync:
+      break;
+    default:
+      return make_error(errc::invalid_argument,
+                        "completion: strategy value " +
+                            std::to_string(static_cast<unsigned>(how.kind)) +
+                            " is not event_poll, host_fn or blocking_sync");
+  }
+  auto negative = [](std::string_view field, std::chrono::nanoseconds v) {
+    return make_error(errc::invalid_argument, "completion: " + std::string(field) + " (" +
+                                                  std::to_string(v.count()) + " ns) is negative");
+  };
+  if (how.timeout.count() < 0) return negative("timeout", how.timeout);
+  if (how.spin.count() < 0) return negative("spin", how.spin);
+  if (how.max_backoff.count() < 0) return negative("max_backoff", how.max_backoff);
+  return outcome::success();
+}
+
 namespace detail {
 namespace {
 
@@ -57,6 +79,7 @@ public:
   /// Common start: validation, cancellation hook, the event; then the strategy.
   void start() {
     if (auto ok = dev_->check_accepting(); !ok) return (void)finish(ok.error().tagged(library_));
+    if (auto ok = check_completion(how_); !ok) return (void)finish(ok.error().tagged(library_));
     if (!stream_ || stream_.state()->owner != dev_.get())
       return (void)finish(
           make_error(errc::invalid_argument, "async_wait: the stream is not of this device"));
@@ -331,24 +354,25 @@ public:
 private:
   void launch() override {
     keep_work();
-    auto* ref = new std::shared_ptr<wait_op>(shared_from_this());
-    if (auto st = cudaLaunchHostFunc(stream_.native_handle(), &callback, ref); st != cudaSuccess) {
-      delete ref;
+    auto t = std::make_unique<host_ticket>();
+    t->op = shared_from_this();
+    t->complete = &callback;
+    if (auto st = dev_->launch_host_fn(stream_.native_handle(), t); st != cudaSuccess) {
       finish(fault(st, "cudaLaunchHostFunc"));
       return;
     }
     dev_->watch(shared_from_this());
   }
 
-  static void callback(void* p) {
-    std::shared_ptr<wait_op> self = std::move(*static_cast<std::shared_ptr<wait_op>*>(p));
-    delete static_cast<std::shared_ptr<wait_op>*>(p);
-    auto* op = static_cast<host_fn_op*>(self.get());
-    op->finish(outcome::success());
+  // On the CUDA callback thread, with outstanding work of the device's
+  // executor in `work` (so the io_context is alive; device.cpp, host_ticket).
+  static void callback(std::shared_ptr<void>& p, asio::any_io_executor& work) {
+    auto self = std::static_pointer_cast<host_fn_op>(std::move(p));
+    self->finish(outcome::success());
     // Never drop the last reference on this CUDA thread: releasing the op may
-    // call into CUDA (stream or device teardown), which a host function must not.
-    auto ex = op->dev_->executor;
-    asio::post(ex, [self = std::move(self)] {});
+    // call into CUDA (stream or device teardown), which a host function must
+    // not. The work goes with it and ends after it on an io thread.
+    asio::post(work, [self = std::move(self), work]() mutable { self.reset(); });
   }
 
   void before_deliver(result<void>& r) override {
@@ -430,9 +454,11 @@ void start_wait(const stream& s, std::shared_ptr<pooled_event> ev, const complet
     // No device, so no io executor to post through: hop via the system
     // executor, then dispatch to the handler's own executor (a rare misuse path).
     result<void> r = make_error(errc::invalid_argument, "async_wait: empty stream");
-    asio::post(asio::system_executor(), [h = std::move(handler), r = std::move(r)]() mutable {
-      auto ex = asio::get_associated_executor(h);
-      asio::dispatch(ex, asio::append(std::move(h), std::move(r)));
+    // The handler's executor counts the hop as outstanding work.
+    auto work = asio::prefer(asio::get_associated_executor(handler),
+                             asio::execution::outstanding_work.tracked);
+    asio::post(asio::system_executor(), [h = std::move(handler), r = std::move(r), work]() mutable {
+      asio::dispatch(work, asio::append(std::move(h), std::move(r)));
     });
     return;
   }

@@ -10,8 +10,11 @@
 #include <boost/asio/bind_executor.hpp>
 #include <boost/asio/dispatch.hpp>
 #include <boost/asio/execution/context.hpp>
+#include <boost/asio/execution/outstanding_work.hpp>
+#include <boost/asio/prefer.hpp>
 #include <boost/asio/post.hpp>
 #include <boost/asio/query.hpp>
+#include <boost/asio/system_executor.hpp>
 
 #include <algorithm>
 #include <limits>
@@ -103,7 +106,7 @@ device_impl::~device_impl() {
     else
       bthread_.join();
   }
-  const bool alive = health.load() != health_state::poisoned;
+  const bool alive = context_usable();
   if (alive) make_current();
   for (auto& p : parked_)  // teardown with abandoned work still running: wait for it here
     if (alive && p.done) cudaEventSynchronize(p.done->native_handle());
@@ -113,6 +116,13 @@ device_impl::~device_impl() {
   main_stream.reset();
   release_stream.reset();
   if (mem_pool && alive) cudaMemPoolDestroy(mem_pool);
+  // Teardown errors are ignored on purpose, but none may stay pending for
+  // the caller's next, unrelated CUDA call.
+  if (alive) cudaGetLastError();
+}
+
+bool device_impl::context_usable() const noexcept {
+  return cuda_initialised.load() && health.load() != health_state::poisoned;
 }
 
 void device_impl::init() {
@@ -133,6 +143,7 @@ void device_impl::init() {
     init_error_ = unavailable(classify(st, what));
   };
   if (auto st = cudaSetDevice(ordinal); st != cudaSuccess) return fail(st, "cudaSetDevice");
+  cuda_initialised.store(true);
   cudaMemPoolProps props{};
   props.allocType = cudaMemAllocationTypePinned;
   props.handleTypes = cudaMemHandleTypeNone;
@@ -205,6 +216,10 @@ void device_impl::poison(const gpu_error& e) {
   // Nothing may be handed back to a dead context: events and pinned blocks leak.
   if (events) events->abandon();
   if (pinned) pinned->abandon();
+  // A dead context may never run the host functions queued on it: they no
+  // longer hold io_context::run() (their callbacks, if they come, touch no
+  // executor).
+  release_host_fn_work();
   set_health(health_state::healthy, health_state::poisoned);
 }
 
@@ -235,7 +250,7 @@ void device_impl::on_context_shutdown() {
     auto it = registry().find(ordinal);
     if (it != registry().end() && it->second.lock().get() == this) registry().erase(it);
   }
-  const bool alive = health.load() != health_state::poisoned;
+  const bool alive = context_usable();
   if (alive) make_current();
   for (auto& p : parked_)
     if (alive && p.done) cudaEventSynchronize(p.done->native_handle());
@@ -243,6 +258,19 @@ void device_impl::on_context_shutdown() {
   parked_.clear();
   watched_.clear();
   polls->clear();
+  // Host functions still queued (the context was stopped with waits in
+  // flight): their callbacks must not post into the context being
+  // destroyed. Drop their work, then give the GPU a bounded time to reach
+  // them, and free the ones that ran here (never on the CUDA thread).
+  release_host_fn_work();
+  std::vector<std::unique_ptr<host_ticket>> late;
+  {
+    std::unique_lock lk(host_fns->mu);
+    if (alive)
+      host_fns->cv.wait_for(lk, std::chrono::seconds(5), [&] { return host_fns->pending.empty(); });
+    late.swap(host_fns->late);
+  }
+  late.clear();
   // The blocking_sync thread finishes its current wait and stops; the items
   // left are dropped here, while the context's services still exist: an
   // item may hold this device's last reference, and destroying the device
@@ -382,6 +410,67 @@ void device_impl::on_monitor_tick() {
   });
 }
 
+// ---------------------------------------------------------------- host functions
+
+namespace {
+// The host function itself (a CUDA thread: no CUDA call allowed here).
+void host_fn_trampoline(void* p) {
+  auto* t = static_cast<host_ticket*>(p);
+  auto& g = *t->gate;
+  std::unique_lock lk(g.mu);
+  std::erase(g.pending, t);
+  g.cv.notify_all();
+  if (!t->work) {
+    // Poisoned or shut down: the executor may be gone. Touch nothing; the
+    // ticket is freed at context shutdown, off this thread.
+    g.late.emplace_back(t);
+    return;
+  }
+  asio::any_io_executor work = std::move(*t->work);
+  t->work.reset();
+  lk.unlock();
+  std::unique_ptr<host_ticket> own(t);
+  own->complete(own->op, work);
+}
+}  // namespace
+
+cudaError_t device_impl::launch_host_fn(cudaStream_t s, std::unique_ptr<host_ticket>& t) {
+  t->gate = host_fns.get();
+  t->work.emplace(asio::prefer(executor, asio::execution::outstanding_work.tracked));
+  {
+    std::lock_guard lk(host_fns->mu);
+    host_fns->pending.push_back(t.get());
+  }
+  host_ticket* raw = t.release();
+  if (auto st = cudaLaunchHostFunc(s, &host_fn_trampoline, raw); st != cudaSuccess) {
+    {
+      std::lock_guard lk(host_fns->mu);
+      std::erase(host_fns->pending, raw);
+    }
+    t.reset(raw);
+    t->work.reset();
+    return st;
+  }
+  return cudaSuccess;
+}
+
+void device_impl::release_host_fn_work() {
+  std::vector<asio::any_io_executor> dropped;  // released outside the lock
+  {
+    std::lock_guard lk(host_fns->mu);
+    for (auto* t : host_fns->pending)
+      if (t->work) {
+        dropped.push_back(std::move(*t->work));
+        t->work.reset();
+      }
+  }
+}
+
+std::size_t device_impl::host_fns_pending() const {
+  std::lock_guard lk(host_fns->mu);
+  return host_fns->pending.size();
+}
+
 // ---------------------------------------------------------------- blocking_sync worker
 
 void device_impl::submit_blocking(blocking_item item) {
@@ -501,6 +590,8 @@ std::string_view to_string(stream_policy p) noexcept {
 
 result<void> check_device_options(const device_options& o) {
   constexpr std::string_view op = "device::open";
+  if (auto ok = check_completion(o.default_completion); !ok)
+    return detail::bad_argument(op, "options.default_completion", ok.error().message());
   if (o.launch_threads > 64)
     return detail::bad_argument(op, "options.launch_threads",
                                 "(" + std::to_string(o.launch_threads) + ") is more than 64");
@@ -548,17 +639,24 @@ result<device> device::open(const executor_type& ex, int ordinal, const device_o
   return d;
 }
 
+namespace {
+gpu_error empty_device(std::string_view what) {
+  return make_error(errc::invalid_argument, std::string(what) + ": empty device handle");
+}
+}  // namespace
+
 device::executor_type device::get_executor() const noexcept {
-  return impl_->executor;
+  return impl_ ? impl_->executor : executor_type{};
 }
 int device::ordinal() const noexcept {
-  return impl_->ordinal;
+  return impl_ ? impl_->ordinal : -1;
 }
 const device_options& device::options() const noexcept {
-  return impl_->options;
+  static const device_options defaults{};
+  return impl_ ? impl_->options : defaults;
 }
 health_state device::health() const noexcept {
-  return impl_->health.load();
+  return impl_ ? impl_->health.load() : health_state::unavailable;
 }
 bool device::accepting() const noexcept {
   return health() == health_state::healthy;
@@ -567,15 +665,17 @@ std::uint64_t device::generation() const noexcept {
   return impl_->generation.load();
 }
 result<void> device::status() const {
+  if (!impl_) return empty_device("device");
   return impl_->check_accepting();
 }
 
 std::optional<gpu_error> device::fault() const {
-  if (health() != health_state::poisoned) return std::nullopt;
+  if (!impl_ || health() != health_state::poisoned) return std::nullopt;
   return impl_->fault_error();
 }
 
 device_statistics device::statistics() const {
+  if (!impl_) return {};
   auto& d = *impl_;
   device_statistics s;
   s.health = d.health.load();
@@ -592,6 +692,7 @@ device_statistics device::statistics() const {
   s.batches = d.batches.load();
   s.launch_sleeps = d.polls ? d.polls->launch_sleeps() : 0;
   s.pinned_cached_bytes = d.pinned ? d.pinned->cached_bytes() : 0;
+  s.host_fns_pending = d.host_fns_pending();
   if (s.health == health_state::healthy && d.make_current() == cudaSuccess) {
     if (cudaMemGetInfo(&s.free_bytes, &s.total_bytes) != cudaSuccess) cudaGetLastError();
   }
@@ -599,10 +700,12 @@ device_statistics device::statistics() const {
 }
 
 result<stream> device::acquire_stream(stream_policy policy, std::string_view owner) {
+  if (!impl_) return empty_device("acquire_stream");
   return impl_->acquire_stream(policy, owner);
 }
 
 stream device::main_stream() const {
+  if (!impl_) return stream{};
   if (impl_->main_stream) return stream(impl_->main_stream);
   // Unavailable device: a handle with no CUDA stream, so that work on it
   // reports the device's status instead of crashing.
@@ -612,16 +715,28 @@ stream device::main_stream() const {
 }
 
 void device::stop() {
-  impl_->stop();
+  if (impl_) impl_->stop();
 }
 
 void device::add_health_observer(const std::shared_ptr<detail::device_impl>& impl,
                                  asio::any_completion_handler<void(health_state)> h) {
+  if (!impl) {
+    // No device, so no executor of its own: hop through the system executor
+    // to the handler's associated one (never inline in the initiating call).
+    // The handler's executor counts the hop as outstanding work.
+    auto work =
+        asio::prefer(asio::get_associated_executor(h), asio::execution::outstanding_work.tracked);
+    asio::post(asio::system_executor(), [h = std::move(h), work]() mutable {
+      asio::dispatch(work, asio::append(std::move(h), health_state::unavailable));
+    });
+    return;
+  }
   impl->add_observer(std::move(h));
 }
 
 result<std::shared_ptr<detail::buffer_state>> device::allocate_state(std::size_t count, dtype t,
                                                                      const stream& on) {
+  if (!impl_) return empty_device("allocate");
   auto& d = *impl_;
   BOOST_OUTCOME_TRY(d.check_accepting());
   if (count == 0) return make_error(errc::invalid_argument, "allocate: count must be > 0");
@@ -655,6 +770,7 @@ result<std::shared_ptr<detail::buffer_state>> device::allocate_state(std::size_t
 }
 
 result<std::shared_ptr<detail::pinned_block>> device::allocate_pinned_block(std::size_t bytes) {
+  if (!impl_) return empty_device("allocate_pinned");
   BOOST_OUTCOME_TRY(impl_->check_accepting());
   impl_->make_current();
   auto b = impl_->pinned->acquire(bytes);
@@ -671,6 +787,7 @@ std::uint64_t stream::id() const noexcept {
   return st_ ? st_->id : 0;
 }
 device stream::get_device() const {
+  if (!st_) return device{};
   return device(st_->owner->shared_from_this());
 }
 

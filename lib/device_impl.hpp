@@ -17,6 +17,7 @@
 #include <deque>
 #include <functional>
 #include <map>
+#include <optional>
 #include <mutex>
 #include <thread>
 #include <vector>
@@ -83,6 +84,32 @@ struct blocking_queue {
 
 class pinned_pool;
 class poll_hub;
+
+/// One host function queued with cudaLaunchHostFunc (host_fn waits): what
+/// its callback needs, allocated at launch and owned by CUDA until it runs.
+/// `work` counts as outstanding work of the device's executor, so that
+/// io_context::run() does not return (and the context is not destroyed by
+/// a user who waits for run()) while the callback, which posts to that
+/// executor, may still come. It is dropped early only when the device is
+/// poisoned (a dead context may never run the callback) or the context is
+/// shut down; a callback that then finds no work touches no executor.
+struct host_fn_gate;
+struct host_ticket {
+  host_fn_gate* gate = nullptr;  // kept alive through `op`, which holds the device
+  std::shared_ptr<void> op;      // the wait (a host_fn_op)
+  void (*complete)(std::shared_ptr<void>& op, asio::any_io_executor& work) = nullptr;
+  std::optional<asio::any_io_executor> work;  // outstanding_work.tracked
+};
+
+/// The host functions of one device not yet run, with the ones that ran
+/// after their work was dropped (freed at context shutdown, off the CUDA
+/// callback thread: dropping a wait can release the device itself).
+struct host_fn_gate {
+  std::mutex mu;
+  std::condition_variable cv;
+  std::vector<host_ticket*> pending;               // guarded by mu
+  std::vector<std::unique_ptr<host_ticket>> late;  // guarded by mu
+};
 
 /// A counter that every operation writes, from every io thread: one cell per
 /// thread slot, each on its own cache line, summed when read (statistics).
@@ -162,6 +189,11 @@ public:
   /// still alive (cudaStreamQuery on the main stream); poisons it if not.
   void probe_context();
 
+  /// True once init() made the ordinal current (so CUDA knows it) and no
+  /// sticky fault has hit it since: teardown may call CUDA for it.
+  bool context_usable() const noexcept;
+  std::atomic<bool> cuda_initialised{false};
+
   /// Makes this device current on the calling thread (cached per thread).
   cudaError_t make_current() const noexcept;
 
@@ -172,6 +204,15 @@ public:
   // --- monitor: deadlines, fault watchdog, parked keep-alives ---
   void watch(std::shared_ptr<watched_wait> w);
   void park(shared_event done, std::shared_ptr<void> keep_alive);
+
+  // --- host functions (host_fn waits) ---
+  /// Queues `t` on `s` (cudaLaunchHostFunc); on failure `t` is returned to
+  /// the caller (not queued) with the error.
+  cudaError_t launch_host_fn(cudaStream_t s, std::unique_ptr<host_ticket>& t);
+  /// Drops the outstanding work of every pending host function (poison, shutdown).
+  void release_host_fn_work();
+  std::size_t host_fns_pending() const;
+  const std::shared_ptr<host_fn_gate> host_fns = std::make_shared<host_fn_gate>();
 
   // --- blocking_sync worker ---
   void submit_blocking(blocking_item item);

@@ -58,6 +58,11 @@ struct completion {
   auto async_wait(const stream& s, Token&& token = {}) const;
 };
 
+/// Success, or invalid_argument naming the field: `kind` not one of the three
+/// strategies (e.g. a cast integer), or a negative timeout, spin or
+/// max_backoff. No CUDA call; every operation checks its completion with it.
+result<void> check_completion(const completion& how);
+
 /// Strategy values with the defaults above; e.g. `host_fn{5ms}`.
 struct event_poll : completion {
   explicit event_poll(std::chrono::nanoseconds t = no_timeout)

@@ -11,9 +11,11 @@
 
 #include <cstring>
 #include <optional>
+#include <ranges>
 #include <span>
 #include <string>
 #include <tuple>
+#include <type_traits>
 
 namespace atomr::cuda {
 
@@ -40,6 +42,22 @@ inline result<void> same_size(std::string_view what, std::size_t src, std::size_
                                                 std::to_string(dst));
 }
 
+/// invalid_argument when `src` and `dst` are views of one allocation whose
+/// element ranges overlap (src == dst included): cudaMemcpyAsync requires
+/// disjoint ranges.
+template <element T>
+result<void> disjoint(const gpu_ref<T>& src, const gpu_ref<T>& dst) {
+  if (!src.state() || src.state() != dst.state() || src.empty() || dst.empty())
+    return outcome::success();
+  const std::size_t s0 = src.offset(), s1 = s0 + src.size();
+  const std::size_t d0 = dst.offset(), d1 = d0 + dst.size();
+  if (s1 <= d0 || d1 <= s0) return outcome::success();
+  return make_error(errc::invalid_argument, "copy: source [" + std::to_string(s0) + ", " +
+                                                std::to_string(s1) + ") and destination [" +
+                                                std::to_string(d0) + ", " + std::to_string(d1) +
+                                                ") overlap in one allocation");
+}
+
 inline result<void> memcpy_status(cudaError_t st) {
   if (st == cudaSuccess) return outcome::success();
   return classify(st, "cudaMemcpyAsync");
@@ -61,19 +79,50 @@ asio::awaitable<result<gpu_ref<T>>> upload(pinned_buffer<T> src, gpu_ref<T> dst,
       });
 }
 
-/// Copies pageable host memory to the device: staged through a pinned buffer
-/// from the device's pool (a host memcpy on the calling thread, then DMA).
-/// `src` may be reused as soon as this returns or suspends. Yields `dst`.
+namespace detail {
+/// An awaitable that yields `e` at once (an error found before any coroutine
+/// had to start).
+template <class R>
+asio::awaitable<result<R>> ready_error(gpu_error e) {
+  co_return e;
+}
+
+/// The pageable upload's staging, done on the calling thread at the call:
+/// checks, then a pinned block from the device's pool holding a copy of `src`.
 template <element T>
-asio::awaitable<result<gpu_ref<T>>> upload(std::span<const T> src, gpu_ref<T> dst,
-                                           transfer_options o = {}) {
-  BOOST_OUTCOME_CO_TRY(detail::same_size("upload", src.size(), dst.size()));
-  BOOST_OUTCOME_CO_TRY(auto where, detail::resolve_transfer(dst, o));
-  BOOST_OUTCOME_CO_TRY(auto staging, device(dst.state()->dev).allocate_pinned<T>(src.size()));
+result<pinned_buffer<T>> stage_upload(std::span<const T> src, const gpu_ref<T>& dst,
+                                      transfer_options& o) {
+  BOOST_OUTCOME_TRY(same_size("upload", src.size(), dst.size()));
+  BOOST_OUTCOME_TRY(auto where, resolve_transfer(dst, o));
+  BOOST_OUTCOME_TRY(auto staging, device(dst.state()->dev).allocate_pinned<T>(src.size()));
   std::memcpy(static_cast<void*>(staging.data()), src.data(), src.size_bytes());
   o.on = where.first;
   o.how = where.second;
-  co_return co_await upload(std::move(staging), std::move(dst), std::move(o));
+  return staging;
+}
+}  // namespace detail
+
+/// Copies pageable host memory to the device: staged through a pinned buffer
+/// from the device's pool (a host memcpy on the calling thread, then DMA).
+/// The copy into the pinned buffer happens in this call, before it returns,
+/// so `src` may be reused (or destroyed) at once, even before the returned
+/// awaitable is awaited. Yields `dst`.
+template <element T>
+asio::awaitable<result<gpu_ref<T>>> upload(std::span<const T> src, gpu_ref<T> dst,
+                                           transfer_options o = {}) {
+  auto staged = detail::stage_upload(src, dst, o);
+  if (!staged) return detail::ready_error<gpu_ref<T>>(staged.error());
+  return upload(std::move(staged).value(), std::move(dst), std::move(o));
+}
+
+/// The same for any contiguous range of T (std::vector<T>, std::array, a
+/// std::span<T>...).
+template <std::ranges::contiguous_range R, element T>
+requires std::same_as<std::remove_cv_t<std::ranges::range_value_t<R>>, T>
+    asio::awaitable<result<gpu_ref<T>>> upload(const R& src, gpu_ref<T> dst,
+                                               transfer_options o = {}) {
+  return upload(std::span<const T>(std::ranges::data(src), std::ranges::size(src)), std::move(dst),
+                std::move(o));
 }
 
 /// Copies device memory into pinned host memory (cudaMemcpyAsync, DMA). Yields `dst`.
@@ -105,10 +154,22 @@ asio::awaitable<result<void>> download(gpu_ref<T> src, std::span<T> dst, transfe
   co_return outcome::success();
 }
 
+/// download into any contiguous range of T with writable elements
+/// (std::vector<T>, std::array...). The range must outlive the wait.
+template <element T, std::ranges::contiguous_range R>
+requires std::same_as<std::ranges::range_value_t<R>, T> &&
+    (!std::is_const_v<std::remove_reference_t<std::ranges::range_reference_t<R>>>)
+        asio::awaitable<result<void>> download(gpu_ref<T> src, R& dst, transfer_options o = {}) {
+  return download(std::move(src), std::span<T>(std::ranges::data(dst), std::ranges::size(dst)),
+                  std::move(o));
+}
+
 /// Copies device memory to device memory (cudaMemcpyAsync). Yields `dst`.
+/// Overlapping views of one allocation are refused (invalid_argument).
 template <element T>
 asio::awaitable<result<gpu_ref<T>>> copy(gpu_ref<T> src, gpu_ref<T> dst, transfer_options o = {}) {
   BOOST_OUTCOME_CO_TRY(detail::same_size("copy", src.size(), dst.size()));
+  BOOST_OUTCOME_CO_TRY(detail::disjoint(src, dst));
   BOOST_OUTCOME_CO_TRY(auto where, detail::resolve_transfer(dst, o));
   co_return co_await run_kernel(
       "cuda", where.first, where.second, dst, [&](launch& l) -> result<gpu_ref<T>> {

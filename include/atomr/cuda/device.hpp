@@ -71,8 +71,8 @@ struct device_options {
 };
 
 /// invalid_argument naming the first option out of its documented range
-/// (launch_threads, busy_poll_interval, launch_spin); no CUDA call. Opening a device
-/// checks its options with this first.
+/// (default_completion, launch_threads, busy_poll_interval, launch_spin); no CUDA call. Opening a
+/// device checks its options with this first.
 result<void> check_device_options(const device_options& o);
 
 /// The device's health. Moves only forward: healthy -> poisoned or stopped.
@@ -104,6 +104,9 @@ struct device_statistics {
   /// Times a launch thread found no work within launch_spin and slept.
   std::uint64_t launch_sleeps = 0;
   std::size_t pinned_cached_bytes = 0;
+  /// host_fn waits' host functions queued on the GPU and not yet run (each
+  /// holds outstanding work of the device's executor until it has run).
+  std::size_t host_fns_pending = 0;
   std::uint64_t generation = 0;
   health_state health = health_state::unavailable;
 };
@@ -134,9 +137,19 @@ public:
   /// unavailable and every operation on it yields device_unavailable.
   explicit device(const executor_type& ex, int ordinal = 0, const device_options& options = {});
 
+  /// An empty handle (no device): every member is safe to call; status()
+  /// and every operation on it yield invalid_argument, health() is
+  /// unavailable. Assign an opened device to use it.
+  device() noexcept = default;
+
   explicit device(std::shared_ptr<detail::device_impl> impl) noexcept : impl_(std::move(impl)) {}
 
+  /// False for an empty handle.
+  explicit operator bool() const noexcept { return impl_ != nullptr; }
+
+  /// The executor given at open (an empty executor for an empty handle).
   executor_type get_executor() const noexcept;
+  /// The CUDA ordinal (-1 for an empty handle).
   int ordinal() const noexcept;
   const device_options& options() const noexcept;
 
@@ -183,6 +196,7 @@ public:
 
   /// Completes (signature void(health_state)) with the new health the next
   /// time it changes, or at once if the device is not healthy.
+  /// An empty handle completes at once with health_state::unavailable.
   template <class Token = asio::default_completion_token_t<asio::any_io_executor>>
   auto async_wait_health_change(Token&& token = {}) {
     return asio::async_initiate<Token, void(health_state)>(

@@ -159,6 +159,18 @@ struct enqueue_keep {
   using type = typename unwrap<raw>::type;
 };
 
+/// Hands the keep-alive and the output to the device until `done` completes:
+/// the output is GPU memory or host memory the work writes (a pinned
+/// download target), so it must outlive an abandoned wait as much as the
+/// inputs do. (Only the keep-alive was parked once, and a pinned download
+/// target went back to the pool while its DMA was still queued: the next
+/// transfer that took the block from the pool had its data overwritten.)
+template <class K, class O>
+void park_with_output(launch& l, std::shared_ptr<pooled_event> done, K&& keep, O&& output) {
+  using both = std::pair<std::decay_t<K>, std::decay_t<O>>;
+  l.park(std::move(done), std::make_shared<both>(std::forward<K>(keep), std::forward<O>(output)));
+}
+
 template <class F>
 auto call_enqueue(F& f, launch& l) {
   using R = std::invoke_result_t<F&, launch&>;
@@ -180,8 +192,10 @@ auto call_enqueue(F& f, launch& l) {
 /// workspace...) or a result of it; a
 /// pre-launch error it returns comes back without any further GPU call. The
 /// keep-alive lives in this coroutine's frame until the work finishes; if
-/// the wait ends early (timeout, cancellation) it is parked with the device
-/// and released only once the GPU is done with it. Errors are tagged with
+/// the wait ends early (timeout, cancellation) it is parked with the device,
+/// together with `output`, and both are released only once the GPU is done.
+/// `how` out of range (an unknown strategy value, a negative timeout, spin
+/// or backoff) is invalid_argument before any GPU call. Errors are tagged with
 /// `library`. gpu_ref outputs are validated and ordered as writes.
 /// Never blocks the calling thread on the GPU.
 template <class O, class Enqueue>
@@ -189,6 +203,7 @@ asio::awaitable<result<O>> run_kernel(std::string_view library, stream s, comple
                                       Enqueue enqueue) {
   launch l(std::move(s), library);
   if (auto ok = l.begin(); !ok) co_return l.fail(ok.error());
+  if (auto ok = check_completion(how); !ok) co_return l.fail(ok.error());
   if (auto ok = detail::declare_output(l, output); !ok) co_return l.fail(ok.error());
   // A stream with event_poll work in flight: join its batch (one drain runs
   // the queued enqueues back to back and one event covers them all; see
@@ -212,14 +227,14 @@ asio::awaitable<result<O>> run_kernel(std::string_view library, stream s, comple
       waited = co_await detail::async_deferred(l, what, &status, how, library, asio::use_awaitable);
     } catch (...) {
       if (status.enqueued && status.ev && kept)
-        l.park(status.ev, std::make_shared<keep_t>(std::move(*kept)));
+        detail::park_with_output(l, status.ev, std::move(*kept), std::move(output));
       l.fail(make_error(errc::cancelled, "run_kernel: wait abandoned by an exception"));
       throw;
     }
     if (!waited) {
       if (status.enqueued && status.ev && kept &&
           (waited.error() == errc::timeout || waited.error() == errc::cancelled))
-        l.park(status.ev, std::make_shared<keep_t>(std::move(*kept)));
+        detail::park_with_output(l, status.ev, std::move(*kept), std::move(output));
       co_return l.fail(waited.error());
     }
     l.succeed();
@@ -248,13 +263,13 @@ asio::awaitable<result<O>> run_kernel(std::string_view library, stream s, comple
   } catch (...) {
     // The coroutine is being torn down (e.g. cancelled before resuming):
     // the kernel may still run, so its keep-alive must outlive it.
-    l.park(done.value(), std::make_shared<decltype(keep_in_frame)>(std::move(keep_in_frame)));
+    detail::park_with_output(l, done.value(), std::move(keep_in_frame), std::move(output));
     l.fail(make_error(errc::cancelled, "run_kernel: wait abandoned by an exception"));
     throw;
   }
   if (!waited) {
     if (waited.error() == errc::timeout || waited.error() == errc::cancelled)
-      l.park(done.value(), std::make_shared<decltype(keep_in_frame)>(std::move(keep_in_frame)));
+      detail::park_with_output(l, done.value(), std::move(keep_in_frame), std::move(output));
     co_return l.fail(waited.error());
   }
   l.succeed();
