@@ -90,6 +90,74 @@ TEST_CASE_FIXTURE(gpu_fixture,
   CHECK(dev.statistics().live_buffers == before.live_buffers);
 }
 
+// The scenario the independent check ran (issue 18, 1 wrong result in 512):
+// an upload abandoned at once on a stream busy with ~300 us of library work
+// (so it joins that stream's batch, or times out on the direct path), then
+// other transfers at once on other streams, some abandoned too. Every
+// buffer must end up holding either its old bytes or what was written into
+// it, never another buffer's.
+TEST_CASE_FIXTURE(gpu_fixture, "512 abandoned transfers among others never mix up buffers") {
+  test_kernels kernels;
+  constexpr std::size_t n = 16 * 1024;  // 64 KiB
+  auto a = dev.acquire_stream(stream_policy::per_actor_fresh).value();
+  auto b = dev.acquire_stream(stream_policy::per_actor_fresh).value();
+  auto c = dev.acquire_stream(stream_policy::per_actor_fresh).value();
+  auto other = alloc<float>(n);
+  auto dst = alloc<float>(n);
+  auto third = alloc<float>(n);
+  const auto p22 = pattern(n, 0x22), p33 = pattern(n, 0x33);
+  const auto before = dev.statistics();
+  int landed = 0, abandoned = 0;
+  for (int trial = 0; trial < 512; ++trial) {
+    CAPTURE(trial);
+    std::vector<float> sink(n);
+    auto r = run([&]() -> asio::awaitable<result<void>> {
+      using namespace boost::asio::experimental::awaitable_operators;
+      BOOST_OUTCOME_CO_TRY(co_await fill_bytes(other, 0x11));
+      BOOST_OUTCOME_CO_TRY(co_await fill_bytes(dst, 0x00));
+      BOOST_OUTCOME_CO_TRY(co_await fill_bytes(third, 0x00));
+      // ~300 us of library work on `a`, not awaited: `a` is busy.
+      auto busy = [](stream on, const test_kernels& k) -> asio::awaitable<void> {
+        (void)co_await run_kernel("test", on, event_poll{}, 0, [&k](launch& l) -> result<int> {
+          if (auto st = k.spin(l.native_stream(), 0.3); st != cudaSuccess)
+            return classify(st, "spin");
+          return 0;
+        });
+      };
+      asio::co_spawn(co_await asio::this_coro::executor, busy(a, kernels), asio::detached);
+      asio::steady_timer t(co_await asio::this_coro::executor, 0us);
+      bool up_ok = false;
+      if (trial % 2 == 0) {
+        auto any = co_await (upload(p22, dst, {.on = a}) || t.async_wait(asio::use_awaitable));
+        up_ok = any.index() == 0 && std::get<0>(any);
+      } else {
+        up_ok = static_cast<bool>(co_await upload(p22, dst, {.on = a, .how = event_poll{2us}}));
+      }
+      (up_ok ? landed : abandoned)++;
+      // At once, on other streams: an abandoned pageable download of
+      // `other`, and an upload into `third`.
+      asio::steady_timer t2(co_await asio::this_coro::executor, 0us);
+      (void)co_await (download(other, std::span<float>(sink), {.on = b}) ||
+                      t2.async_wait(asio::use_awaitable));
+      BOOST_OUTCOME_CO_TRY(co_await upload(p33, third, {.on = c}));
+      co_return outcome::success();
+    }());
+    REQUIRE_MESSAGE(r, (r ? "" : r.error().message()));
+    REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
+    auto got = download_floats(dst);
+    // Either the upload landed or dst kept its zeros; never 0x11.
+    REQUIRE((all_bytes(got, 0x22) || all_bytes(got, 0x00)));
+    REQUIRE(all_bytes(download_floats(third), 0x33));
+    REQUIRE(all_bytes(download_floats(other), 0x11));
+  }
+  MESSAGE("uploads that finished: " << landed << ", abandoned: " << abandoned);
+  drain_parked();
+  const auto after = dev.statistics();
+  CHECK(after.parked == 0);
+  CHECK(after.ops_in_flight == 0);
+  CHECK(after.live_buffers == before.live_buffers);
+}
+
 // The pageable upload copies its source into pinned memory in the call
 // itself, so the source may die before the operation is awaited (deferred
 // use, completion tokens).
