@@ -21,6 +21,7 @@
 #include <complex>
 #include <cstdint>
 #include <exception>
+#include <limits>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -204,6 +205,11 @@ struct lanes_fixture : gpu_fixture {
   }
 };
 
+/// The larger error, where NaN (an output never written) is the worst.
+double worse(double so_far, double e) {
+  return std::isnan(e) ? std::numeric_limits<double>::infinity() : std::max(so_far, e);
+}
+
 std::vector<c32> random_complex(std::size_t n, std::uint64_t seed) {
   auto f = random_floats(2 * n, seed);
   std::vector<c32> out(n);
@@ -273,7 +279,7 @@ void check_gemm_slots(lanes_fixture& f, const std::vector<gemm_slot>& slots) {
     for (std::size_t r = 0; r < s.c.size(); ++r) {
       auto& c = outs[r];
       for (auto& v : c) v /= static_cast<float>(r + 1);
-      worst = std::max(worst, atomr::cuda::test::gemm_rel_error(s.ha, s.hb, c, gemm_n));
+      worst = worse(worst, atomr::cuda::test::gemm_rel_error(s.ha, s.hb, c, gemm_n));
     }
     double ref = 0, scale = 0;
     for (std::size_t i = 0; i < s.hx.size(); ++i) {
@@ -281,7 +287,7 @@ void check_gemm_slots(lanes_fixture& f, const std::vector<gemm_slot>& slots) {
       scale += std::fabs(static_cast<double>(s.hx[i]) * s.hy[i]);
     }
     const double e = std::fabs(s.dot - ref) / scale;
-    worst_dot = std::isnan(e) ? 1.0 : std::max(worst_dot, e);
+    worst_dot = worse(worst_dot, e);
   }
   CAPTURE(worst);
   CAPTURE(worst_dot);
@@ -292,7 +298,7 @@ void check_gemm_slots(lanes_fixture& f, const std::vector<gemm_slot>& slots) {
 // ------------------------------------------------------------------ tests
 
 TEST_CASE_FIXTURE(lanes_fixture,
-                  "one default blas_actor on 8 io threads makes lanes; every result "
+                  "lanes: one default blas_actor on 8 io threads makes lanes; every result "
                   "is right") {
   auto blas = blas_actor::create(dev).value();
   CHECK(blas.statistics().lanes == 1);  // one lane until operations find it busy
@@ -310,7 +316,7 @@ TEST_CASE_FIXTURE(lanes_fixture,
 }
 
 TEST_CASE_FIXTURE(lanes_fixture,
-                  "blas_actor with max_lanes = 1 keeps one lane under the same load") {
+                  "lanes: blas_actor with max_lanes = 1 keeps one lane under the same load") {
   auto blas = blas_actor::create(dev, {.max_lanes = 1}).value();
   constexpr std::size_t tasks = 256, rounds = 2;
   auto slots = make_gemm_slots(*this, tasks, rounds);
@@ -374,7 +380,7 @@ asio::awaitable<void> gemm_until(blas_actor blas, gemm_slot* s, const std::atomi
 }
 
 TEST_CASE_FIXTURE(lanes_fixture,
-                  "dependent blas operations issued from different threads through "
+                  "lanes: dependent blas operations issued from different threads through "
                   "one actor see each other") {
   auto blas = blas_actor::create(dev).value();
   constexpr int steps = 24;
@@ -436,7 +442,7 @@ TEST_CASE_FIXTURE(lanes_fixture,
     double norm = 0;
     for (double v : x) norm += v * v;
     norm = std::sqrt(norm);
-    worst_norm = std::max(worst_norm, std::fabs(norms[static_cast<std::size_t>(k)] - norm) / norm);
+    worst_norm = worse(worst_norm, std::fabs(norms[static_cast<std::size_t>(k)] - norm) / norm);
   }
   const auto got = get(steps % 2 ? q : p);
   double num = 0, den = 0;
@@ -469,7 +475,7 @@ asio::awaitable<void> fft_round_trip(fft_actor fft, fft_slot* s, failures* fail)
 }
 
 TEST_CASE_FIXTURE(lanes_fixture,
-                  "one default fft_actor on 8 io threads makes lanes with plans of "
+                  "lanes: one default fft_actor on 8 io threads makes lanes with plans of "
                   "their own; every transform is right") {
   auto fft = fft_actor::create(dev).value();
   constexpr std::size_t tasks = 256;
@@ -511,12 +517,12 @@ TEST_CASE_FIXTURE(lanes_fixture,
       for (long long j = 0; j < fft_n; ++j)
         ref += c64(s.hx[static_cast<std::size_t>(j)]) *
                std::polar(1.0, -two_pi * static_cast<double>((j * k) % fft_n) / fft_n);
-      worst_bin = std::max(worst_bin,
-                           std::abs(c64(y[static_cast<std::size_t>(k)]) - ref) / std::sqrt(norm));
+      worst_bin =
+          worse(worst_bin, std::abs(c64(y[static_cast<std::size_t>(k)]) - ref) / std::sqrt(norm));
     }
     double num = 0;
     for (std::size_t i = 0; i < z.size(); ++i) num += std::norm(c64(z[i]) - c64(s.hx[i]));
-    worst_trip = std::max(worst_trip, std::sqrt(num / norm));
+    worst_trip = worse(worst_trip, std::sqrt(num / norm));
   }
   CAPTURE(worst_bin);
   CAPTURE(worst_trip);
@@ -573,7 +579,7 @@ void check_same(const rng_outputs& a, const rng_outputs& b) {
 }
 
 TEST_CASE_FIXTURE(lanes_fixture,
-                  "a Philox actor with lanes gives, one operation after another, "
+                  "lanes: a Philox actor with lanes gives, one operation after another, "
                   "the numbers of one generator") {
   // max_lanes = 1: the generator moves on by itself (cuRAND), as before
   // lanes. The default: each operation sets its lane's generator to the
@@ -596,7 +602,7 @@ asio::awaitable<void> raw_blocks(rng_actor a, std::vector<gpu_ref<std::uint32_t>
 }
 
 TEST_CASE_FIXTURE(lanes_fixture,
-                  "one Philox actor on 8 io threads: every operation gets its own "
+                  "lanes: one Philox actor on 8 io threads: every operation gets its own "
                   "range of the one sequence") {
   constexpr std::size_t tasks = 256, per_task = 4, blocks = tasks * per_task;
   auto laned = rng_actor::create(dev, {.seed = 31}).value();
@@ -637,10 +643,10 @@ TEST_CASE_FIXTURE(lanes_fixture,
   CHECK(wrong == 0);
   CHECK(std::count(seen.begin(), seen.end(), 1) == static_cast<long>(blocks));
 
-  // set_seed restarts the sequence on every lane; set_offset moves it. The
-  // draws hop threads, so they run on several lanes (each reseeded at its
-  // next operation).
-  REQUIRE(laned.set_seed(31));
+  // set_seed restarts the sequence on every lane (with another seed);
+  // set_offset moves it. The draws hop threads, so they run on several lanes
+  // (each reseeded at its next operation).
+  REQUIRE(laned.set_seed(77));
   REQUIRE(laned.set_offset(3 * block));
   auto again = nan_buffers<std::uint32_t>(8, block);
   {
@@ -671,10 +677,20 @@ TEST_CASE_FIXTURE(lanes_fixture,
     REQUIRE(done.load());
   }
   require_no_failures();
+  // What one generator seeded 77 gives from that offset, one block at a time.
+  auto one77 = rng_actor::create(dev, {.seed = 77, .offset = 3 * block, .max_lanes = 1}).value();
+  auto ref77_bufs = nan_buffers<std::uint32_t>(again.size(), block);
+  {
+    std::vector<asio::awaitable<result<gpu_ref<std::uint32_t>>>> draws;
+    for (auto& b : ref77_bufs) draws.push_back(one77.raw(b));
+    run_each(std::move(draws));
+  }
+  const auto ref77 = get_all(ref77_bufs);
   const auto redrawn = get_all(again);
   for (std::size_t k = 0; k < again.size(); ++k) {
     CAPTURE(k);
-    CHECK(redrawn[k] == ref[3 + k]);
+    CHECK(redrawn[k] == ref77[k]);
+    CHECK(redrawn[k] != ref[3 + k]);  // the new seed, not the old one
   }
 }
 
@@ -739,7 +755,7 @@ asio::awaitable<void> conv_twice(cudnn_actor dnn, conv_slot* s, gpu_ref<float> w
 }
 
 TEST_CASE_FIXTURE(lanes_fixture,
-                  "one default cudnn_actor on 8 io threads makes lanes; every "
+                  "lanes: one default cudnn_actor on 8 io threads makes lanes; every "
                   "convolution is right") {
   auto dnn = cudnn_actor::create(dev).value();
   const auto hw = random_floats(static_cast<std::size_t>(conv_k) * conv_c * 9, 5);
@@ -779,7 +795,7 @@ TEST_CASE_FIXTURE(lanes_fixture,
         num += (got[i] - ref[i]) * (got[i] - ref[i]);
         den += ref[i] * ref[i];
       }
-      worst = std::isnan(num) ? 1.0 : std::max(worst, std::sqrt(num / den));
+      worst = worse(worst, std::sqrt(num / den));
     }
   }
   CAPTURE(worst);
