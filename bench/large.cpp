@@ -599,7 +599,10 @@ asio::awaitable<result<void>> run_gemm(cuda::device dev, const config& cfg,
   BOOST_OUTCOME_CO_TRY(co_await cuda::upload(std::span<const float>(a), da));
   BOOST_OUTCOME_CO_TRY(co_await cuda::upload(std::span<const float>(b), db));
 
-  BOOST_OUTCOME_CO_TRY(auto blas, cuda::blas_actor::create(dev, {.how = cfg.how}));
+  // One lane: gpu_spans records its events on get_stream(), so every call
+  // must run there (one call at a time here, so a default actor would keep
+  // one lane anyway).
+  BOOST_OUTCOME_CO_TRY(auto blas, cuda::blas_actor::create(dev, {.how = cfg.how, .max_lanes = 1}));
 
   raw_stream rs;
   BOOST_OUTCOME_CO_TRY(rs.create(dev.ordinal()));
@@ -728,7 +731,8 @@ asio::awaitable<result<void>> run_fft(cuda::device dev, const config& cfg, std::
   BOOST_OUTCOME_CO_TRY(auto dout, buffer<c32>(dev, n));
   BOOST_OUTCOME_CO_TRY(co_await cuda::upload(std::span<const c32>(x), din));
 
-  BOOST_OUTCOME_CO_TRY(auto fft, cuda::fft_actor::create(dev, {.how = cfg.how}));
+  // One lane: the spans' events are recorded on get_stream() (see sgemm).
+  BOOST_OUTCOME_CO_TRY(auto fft, cuda::fft_actor::create(dev, {.how = cfg.how, .max_lanes = 1}));
   cuda::fft_shape shape;
   shape.rank = 1;
   shape.dims = {fft_n, 1, 1};
@@ -1072,8 +1076,11 @@ asio::awaitable<result<void>> run_conv_variant(cuda::device dev, const config& c
   BOOST_OUTCOME_CO_TRY(co_await cuda::upload(std::span<const half>(x), dx));
   BOOST_OUTCOME_CO_TRY(co_await cuda::upload(std::span<const half>(w), dw));
 
-  const cuda::cudnn_options copts{
-      .how = cfg.how, .convolution_api = v.lib_api, .cuda_graphs = v.lib_cuda_graphs};
+  // One lane: the spans' events are recorded on get_stream() (see sgemm).
+  const cuda::cudnn_options copts{.how = cfg.how,
+                                  .convolution_api = v.lib_api,
+                                  .cuda_graphs = v.lib_cuda_graphs,
+                                  .max_lanes = 1};
   BOOST_OUTCOME_CO_TRY(auto dnn, cuda::cudnn_actor::create(dev, copts));
   const cuda::tensor_shape xs{cv_n, cv_c, cv_h, cv_w, cuda::tensor_layout::nhwc};
   const cuda::conv2d_params cp{

@@ -4,8 +4,12 @@
 //  - ours: C coroutines (default 1024; --coroutines takes a list) on one
 //    io_context run by T threads issue the operation through A library actors
 //    (default A = T; each actor has its own stream, stream_policy::
-//    per_actor_fresh; coroutine i uses actor i % A), co_await-ing each
-//    operation, for at least --seconds and --min-ops after a warm-up round;
+//    per_actor_fresh, and one lane unless --max-lanes says otherwise;
+//    coroutine i uses actor i % A), co_await-ing each operation, for at least
+//    --seconds and --min-ops after a warm-up round. --default-actor makes
+//    the actors as users do, with default options (stream policy and lanes:
+//    the library's; `--actors 1 --default-actor` is one actor shared by every
+//    io thread, scripts/bench.sh's one_actor run);
 //  - raw ceiling: T std::threads, each with its own cudaStream_t and its own
 //    library handle bound to it, launch the same operation back to back on
 //    preallocated buffers for as long, with one cudaStreamSynchronize at the
@@ -131,6 +135,8 @@ struct options {
   long long busy_poll_us = -1;    // -1: the device's default
   long long launch_spin_us = -1;  // -1: the device's default
   long long graph_cache = -1;     // -1: blas_options' default
+  long long max_lanes = -1;       // -1: 1 (or the library's default with --default-actor)
+  bool default_actor = false;     // actors with default options
   int device = 0;
   std::string json;
 };
@@ -141,7 +147,8 @@ void print_usage(std::FILE* to) {
                "\n"
                "Small-operation throughput (issue 5 b). For each workload and io thread count T:\n"
                "C coroutines on one io_context run by T threads issue the operation through A\n"
-               "library actors (each with its own stream; coroutine i uses actor i %% A),\n"
+               "library actors (each with its own stream and one lane, or made with default\n"
+               "options with --default-actor; coroutine i uses actor i %% A),\n"
                "co_await-ing each one, after a warm-up round; and the raw ceiling: T threads,\n"
                "each with its own stream and library handle, launch the same operation back to\n"
                "back with one cudaStreamSynchronize at the end of a window. Each side is set up\n"
@@ -165,6 +172,12 @@ void print_usage(std::FILE* to) {
                "                     (default 0)\n"
                "  --pin              run the coroutines of actor k on strand k (default: on the\n"
                "                     io_context itself, any thread)\n"
+               "  --default-actor    make the actors with default options (the library's stream\n"
+               "                     policy and max_lanes) instead of one stream_policy::\n"
+               "                     per_actor_fresh stream and one lane each; with --actors 1:\n"
+               "                     one actor shared by every io thread\n"
+               "  --max-lanes N      the actors' max_lanes, 0..64; 0 = the library's default\n"
+               "                     (default: 1, or the library's with --default-actor)\n"
                "  --max-batch N      device_options::max_batch, 1..1048576 (default: the\n"
                "                     library's default)\n"
                "  --launch-threads N device_options::launch_threads, 0..64 (default: the\n"
@@ -231,22 +244,23 @@ int usage_error(const std::string& what) {
 
 // Fills `o`; returns an exit status when the program should end now.
 std::optional<int> parse_args(int argc, char** argv, options& o) {
-  const bench::args a(argc, argv, {"help", "pin"});
+  const bench::args a(argc, argv, {"help", "pin", "default-actor"});
   if (!a.unknown.empty()) {
     const auto& u = a.unknown.front();
     if (u.rfind("--", 0) == 0) return usage_error("option '" + u + "' needs a value");
     return usage_error("unexpected argument '" + u + "'");
   }
   static const char* const known[] = {
-      "threads",   "coroutines",     "work",         "actors",      "pin",           "seconds",
-      "min-ops",   "warmup",         "rounds",       "device",      "json",          "help",
-      "max-batch", "launch-threads", "busy-poll-us", "graph-cache", "launch-spin-us"};
+      "threads",     "coroutines",     "work",      "actors",         "pin",
+      "seconds",     "min-ops",        "warmup",    "rounds",         "device",
+      "json",        "help",           "max-batch", "launch-threads", "busy-poll-us",
+      "graph-cache", "launch-spin-us", "max-lanes", "default-actor"};
   for (const auto& [k, v] : a.kv) {
     bool ok = false;
     for (const char* name : known) ok = ok || k == name;
     if (!ok) return usage_error("unknown option '--" + k + "'");
   }
-  for (const char* flag : {"help", "pin"})
+  for (const char* flag : {"help", "pin", "default-actor"})
     if (a.has(flag) && a.get(flag) != "1")
       return usage_error("--" + std::string(flag) + " takes no value");
   if (a.has("help")) {
@@ -291,6 +305,7 @@ std::optional<int> parse_args(int argc, char** argv, options& o) {
   if (auto r = integer("busy-poll-us", 0, 1000, o.busy_poll_us)) return r;
   if (auto r = integer("launch-spin-us", 0, 10000, o.launch_spin_us)) return r;
   if (auto r = integer("graph-cache", 0, 1 << 16, o.graph_cache)) return r;
+  if (auto r = integer("max-lanes", 0, 64, o.max_lanes)) return r;
   if (a.has("work")) {
     for (const auto& name : split(a.get("work"))) {
       bool found = false;
@@ -315,6 +330,7 @@ std::optional<int> parse_args(int argc, char** argv, options& o) {
     o.seconds = *v;
   }
   o.pin = a.has("pin");
+  o.default_actor = a.has("default-actor");
   if (a.has("json")) {
     o.json = a.get("json");
     if (o.json.empty()) return usage_error("--json wants a file name");
@@ -421,6 +437,8 @@ struct measured {
   double cpu_us = 0;
   // Ours only: the device's statistics over the window (device_statistics).
   std::uint64_t batches = 0, ops_batched = 0, launch_sleeps = 0;
+  // Ours only: lanes the actors had made by the end of the window, summed.
+  std::size_t lanes = 0;
   double ops_per_s() const { return seconds > 0 ? static_cast<double>(ops) / seconds : 0.0; }
   double cpu_us_per_op() const { return ops > 0 ? cpu_us / static_cast<double>(ops) : 0.0; }
 };
@@ -445,34 +463,53 @@ struct actor_pool {
     if (!fft.empty()) return fft[i].get_stream();
     return rng[i].get_stream();
   }
+
+  // Lanes the actors have made so far, summed.
+  std::size_t lanes() const {
+    std::size_t n = 0;
+    for (const auto& b : blas) n += b.statistics().lanes;
+    for (const auto& t : fft) n += t.statistics().lanes;
+    for (const auto& r : rng) n += r.statistics().lanes;
+    return n;
+  }
 };
 
+// The actors' max_lanes: --max-lanes, else 1 (one stream per actor, as the
+// rows before lanes measured), or the library's default with --default-actor.
+std::size_t lanes_of(const options& o) {
+  if (o.max_lanes >= 0) return static_cast<std::size_t>(o.max_lanes);
+  return o.default_actor ? cuda::blas_options{}.max_lanes : 1;
+}
+
 cuda::result<actor_pool> make_actors(const cuda::device& dev, family f, unsigned count,
-                                     long long graph_cache) {
+                                     const options& o) {
   actor_pool p;
+  // --default-actor: default options, as a user writes create(dev); else one
+  // fresh stream of its own per actor.
+  const auto streams = o.default_actor ? std::optional<cuda::stream_policy>{}
+                                       : std::optional(cuda::stream_policy::per_actor_fresh);
+  const std::size_t lanes = lanes_of(o);
   for (unsigned i = 0; i < count; ++i) {
     switch (f) {
       case family::sgemm: {
-        BOOST_OUTCOME_TRY(
-            auto b, cuda::blas_actor::create(
-                        dev, {.streams = cuda::stream_policy::per_actor_fresh,
-                              .tf32 = false,
-                              .cuda_graph_cache = graph_cache >= 0
-                                                      ? static_cast<std::size_t>(graph_cache)
-                                                      : cuda::blas_options{}.cuda_graph_cache}));
-        p.blas.push_back(std::move(b));
+        cuda::blas_options b;
+        b.streams = streams;
+        b.max_lanes = lanes;
+        if (o.graph_cache >= 0) b.cuda_graph_cache = static_cast<std::size_t>(o.graph_cache);
+        BOOST_OUTCOME_TRY(auto a, cuda::blas_actor::create(dev, b));
+        p.blas.push_back(std::move(a));
         break;
       }
       case family::fft: {
-        BOOST_OUTCOME_TRY(auto t, cuda::fft_actor::create(
-                                      dev, {.streams = cuda::stream_policy::per_actor_fresh}));
+        BOOST_OUTCOME_TRY(auto t,
+                          cuda::fft_actor::create(dev, {.streams = streams, .max_lanes = lanes}));
         p.fft.push_back(std::move(t));
         break;
       }
       case family::rng: {
-        BOOST_OUTCOME_TRY(
-            auto r, cuda::rng_actor::create(
-                        dev, {.seed = 1000 + i, .streams = cuda::stream_policy::per_actor_fresh}));
+        BOOST_OUTCOME_TRY(auto r,
+                          cuda::rng_actor::create(
+                              dev, {.seed = 1000 + i, .streams = streams, .max_lanes = lanes}));
         p.rng.push_back(std::move(r));
         break;
       }
@@ -775,7 +812,7 @@ public:
       fail_.add(ctl_.where + ": device::open returned a device bound to another io_context");
       return false;
     }
-    auto made = make_actors(dev, w_.fam, actors_, o_.graph_cache);
+    auto made = make_actors(dev, w_.fam, actors_, o_);
     if (!made) {
       fail_.add(ctl_.where + ": creating the actors failed: " + describe(made.error()));
       return false;
@@ -808,6 +845,7 @@ public:
     m.batches = after.batches - before.batches;
     m.ops_batched = after.ops_batched - before.ops_batched;
     m.launch_sleeps = after.launch_sleeps - before.launch_sleeps;
+    m.lanes = live_->pool.lanes();
     if (fail_.any()) return std::nullopt;
     return m;
   }
@@ -1184,6 +1222,7 @@ measured sum(const std::vector<measured>& ms) {
     t.batches += m.batches;
     t.ops_batched += m.ops_batched;
     t.launch_sleeps += m.launch_sleeps;
+    t.lanes = std::max(t.lanes, m.lanes);
   }
   return t;
 }
@@ -1282,14 +1321,18 @@ int run(const options& o, const std::string& command) {
                   : 0.0;
         std::printf(
             "%-9s   ours: %.1f ops per batch, %.1f%% of ops batched, %.2f launch-thread "
-            "sleeps per 1000 ops\n",
-            "", per_batch, 100.0 * batched_share, sleeps_per_kop);
+            "sleeps per 1000 ops, %zu lanes%s\n",
+            "", per_batch, 100.0 * batched_share, sleeps_per_kop, t.lanes,
+            o.default_actor ? " (default actors)" : "");
         std::fflush(stdout);
         rows.push_back(bench::json::object(
             {{"work", w->name},
              {"io_threads", threads},
              {"coroutines", coroutines},
              {"actors", actors},
+             {"default_actor", o.default_actor},
+             {"max_lanes", static_cast<std::int64_t>(lanes_of(o))},
+             {"lanes", static_cast<std::int64_t>(t.lanes)},
              {"pinned", o.pin},
              {"max_batch",
               static_cast<std::int64_t>(

@@ -65,39 +65,39 @@ struct lt_plan {
   }
 };
 
-/// The shared state of a blas_actor and its copies.
-struct blas_state {
-  blas_state(device d, stream s, completion c, std::size_t graph_cache, bool lt_matmul)
-      : core(std::move(d), std::move(s)),
-        how(c),
-        use_lt(lt_matmul),
+/// One lane of a blas_actor (docs/design.md, "One actor, several lanes"):
+/// a cuBLAS handle and a cuBLASLt handle bound to the lane's stream, and
+/// everything tied to them or to that stream: the math mode, the workspace,
+/// the cuBLASLt plans, the recorded graphs and their counts.
+struct blas_lane : lane_base {
+  blas_lane(device d, stream s, std::size_t graph_cache)
+      : lane_base(std::move(s)),
+        dev(std::move(d)),
         graph_capacity(graph_cache),
         gemm_graphs(graph_cache),
         gemm_seen(graph_cache) {}
-  blas_state(const blas_state&) = delete;
-  blas_state& operator=(const blas_state&) = delete;
-  ~blas_state() {
+  blas_lane(const blas_lane&) = delete;
+  blas_lane& operator=(const blas_lane&) = delete;
+  ~blas_lane() {
     gemm_graphs.clear();
     lt_plans.clear();  // host objects: destroyed whatever the context's state
     // Nothing is handed back to a dead context.
-    if (core.dev.health() == health_state::poisoned) return;
+    if (dev.health() == health_state::poisoned) return;
     capture.destroy();
-    // The graphs and calls using it are done: they keep this state alive.
+    // The graphs and calls using it are done: they keep the actor's state
+    // (and so this lane) alive.
     if (work) cudaFree(work);
     if (lt) cublasLtDestroy(lt);
     if (!handle) return;
-    cudaSetDevice(core.dev.ordinal());
+    cudaSetDevice(dev.ordinal());
     cublasDestroy(handle);  // teardown: errors deliberately ignored
   }
 
-  actor_core core;
-  completion how;
-  cublasHandle_t handle = nullptr;  ///< used only under core.enqueue_mu
-  std::atomic<bool> tf32{false};
-  // Everything below is guarded by core.enqueue_mu.
-  // f32 gemm through cuBLASLt (blas_options::lt_matmul).
-  const bool use_lt;
-  cublasLtHandle_t lt = nullptr;  ///< made with the handle; null: cublasSgemm only
+  device dev;
+  // Everything below is guarded by mu.
+  cublasHandle_t handle = nullptr;
+  bool tf32 = false;              ///< the handle's math mode: TF32 or pedantic
+  cublasLtHandle_t lt = nullptr;  ///< null: cublasSgemm only
   lru<lt_key, std::shared_ptr<lt_plan>> lt_plans{64};
   std::uint64_t lt_calls = 0, lt_plans_made = 0, lt_fallbacks = 0;
   // Recorded gemm calls.
@@ -105,23 +105,34 @@ struct blas_state {
   lru<gemm_key, std::shared_ptr<const recorded_exec>> gemm_graphs;
   lru<gemm_key, bool> gemm_seen;  // calls seen once (recorded when seen again)
   recording_stream capture;
-  /// The actor's workspace: cuBLASLt calls and recorded calls use it (all on
-  /// the actor's one stream, so one at a time). Made on first use.
+  /// The lane's workspace: its cuBLASLt calls and recorded calls use it (all
+  /// on the lane's one stream, so one at a time). Made on first use.
   void* work = nullptr;
   std::size_t work_bytes = 0;
   bool work_failed = false;
   bool recording_failed = false;
   std::uint64_t records = 0, launches = 0, failures = 0;
 
+  /// Puts the handle in TF32 (CUBLAS_TF32_TENSOR_OP_MATH) or pedantic math
+  /// unless it is in that mode already. Lock held.
+  result<void> use_tf32(bool on) {
+    if (on == tf32) return outcome::success();
+    const cublasMath_t mode = on ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_PEDANTIC_MATH;
+    if (auto e = cublasSetMathMode(handle, mode); e != CUBLAS_STATUS_SUCCESS)
+      return classify(e, "cublasSetMathMode");
+    tf32 = on;
+    return outcome::success();
+  }
+
   /// The workspace, made once: 32 MiB on compute capability 9 and later,
   /// 4 MiB before (cuBLAS's recommendation for cublasSetWorkspace). Null
   /// when it could not be made.
   void* workspace();
 
-  /// The cuBLASLt plan for an f32 gemm, made on first use; null when the
-  /// call goes to cublasSgemm (option off, empty shape, no workspace, or
-  /// no algorithm). Lock held, device current.
-  lt_plan* lt_plan_for(cublasOperation_t ta, cublasOperation_t tb, const gemm_plan& g,
+  /// The cuBLASLt plan for an f32 gemm in math mode `t32`, made on first
+  /// use; null when the call goes to cublasSgemm (no cuBLASLt handle, empty
+  /// shape, no workspace, or no algorithm). Lock held, device current.
+  lt_plan* lt_plan_for(bool t32, cublasOperation_t ta, cublasOperation_t tb, const gemm_plan& g,
                        const void* a, const void* b, const void* c);
   /// cublasLtMatmul with `plan` on stream `s`.
   cublasStatus_t lt_sgemm(const lt_plan& plan, cudaStream_t s, float alpha, float beta,
@@ -140,6 +151,43 @@ struct blas_state {
   template <class Call>
   result<void> run_recorded(const gemm_key& key, const std::string_view& name, Call&& call,
                             std::shared_ptr<const recorded_exec>& keep);
+};
+
+/// The shared state of a blas_actor and its copies: the options and the
+/// lanes. Operations keep it (and so every lane) alive until the GPU is done
+/// with them.
+struct blas_state {
+  blas_state(device d, completion c, const blas_options& o, lane_policy lp)
+      : dev(std::move(d)),
+        how(c),
+        use_lt(o.lt_matmul),
+        graph_capacity(o.cuda_graph_cache),
+        lane_streams(lp.streams),
+        tf32(o.tf32),
+        lanes(lp.max_lanes) {}
+  blas_state(const blas_state&) = delete;
+  blas_state& operator=(const blas_state&) = delete;
+
+  device dev;
+  const completion how;
+  const bool use_lt;  ///< f32 gemm through cuBLASLt (blas_options::lt_matmul)
+  const std::size_t graph_capacity;
+  const stream_policy lane_streams;
+  /// What set_tf32 asked for; each lane's handle follows it at its next
+  /// gemm (blas_lane::use_tf32), so that a lane made meanwhile cannot miss it.
+  std::atomic<bool> tf32;
+  lane_set<blas_lane> lanes;
+
+  /// Fails fast (no GPU call) once the device no longer accepts work.
+  result<void> accepting() const { return dev.status(); }
+  /// A new lane: a stream by the lanes' policy, a cuBLAS handle bound to it
+  /// (host pointer mode, the current math mode) and, with lt_matmul, a
+  /// cuBLASLt handle. Costs a few ms (cublasCreate).
+  result<std::unique_ptr<blas_lane>> make_lane();
+  /// The lane for the next operation (lane_set::pick).
+  blas_lane& lane() {
+    return lanes.pick([this](std::size_t) { return make_lane(); });
+  }
 };
 
 namespace {
@@ -404,11 +452,11 @@ result<void> cublas_ok(cublasStatus_t st, std::string_view call) {
 
 }  // namespace
 
-void* detail::blas_state::workspace() {
+void* detail::blas_lane::workspace() {
   if (work || work_failed) return work;
   work_failed = true;  // until it is made
   int major = 0;
-  if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, core.dev.ordinal()) !=
+  if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev.ordinal()) !=
       cudaSuccess) {
     cudaGetLastError();
     return nullptr;
@@ -433,11 +481,10 @@ unsigned alignment(const void* p) {
 }
 }  // namespace
 
-detail::lt_plan* detail::blas_state::lt_plan_for(cublasOperation_t ta, cublasOperation_t tb,
-                                                 const gemm_plan& g, const void* a, const void* b,
-                                                 const void* c) {
-  if (!use_lt || !lt || g.m == 0 || g.n == 0 || g.k == 0) return nullptr;
-  const bool t32 = tf32.load(std::memory_order_relaxed);
+detail::lt_plan* detail::blas_lane::lt_plan_for(bool t32, cublasOperation_t ta,
+                                                cublasOperation_t tb, const gemm_plan& g,
+                                                const void* a, const void* b, const void* c) {
+  if (!lt || g.m == 0 || g.n == 0 || g.k == 0) return nullptr;
   const lt_key key{
       t32,   static_cast<int>(ta), static_cast<int>(tb), g.m,         g.n, g.k, g.lda, g.ldb,
       g.ldc, alignment(a),         alignment(b),         alignment(c)};
@@ -494,10 +541,10 @@ detail::lt_plan* detail::blas_state::lt_plan_for(cublasOperation_t ta, cublasOpe
 }
 
 template <class Call>
-result<void> detail::blas_state::run_recorded(const gemm_key& key, const std::string_view& name,
-                                              Call&& call,
-                                              std::shared_ptr<const recorded_exec>& keep) {
-  const cudaStream_t own = core.strm.native_handle();
+result<void> detail::blas_lane::run_recorded(const gemm_key& key, const std::string_view& name,
+                                             Call&& call,
+                                             std::shared_ptr<const recorded_exec>& keep) {
+  const cudaStream_t own = strm.native_handle();
   auto direct = [&] {
     const cublasStatus_t r = call(own);  // first: it sets `name`
     return cublas_ok(r, name);
@@ -514,7 +561,7 @@ result<void> detail::blas_state::run_recorded(const gemm_key& key, const std::st
     // one, cuBLAS 12.2 and later put a memory allocation and a free into
     // the graph (cudaMallocAsync), and each instantiated copy then holds
     // graph memory of its own (docs/design.md). All recorded calls of this
-    // actor run on its one stream, so they can share it.
+    // lane run on its one stream, so they can share it.
     const cudaStream_t cap = capture.get();
     void* ws = workspace();
     std::shared_ptr<const recorded_exec> rec;
@@ -626,14 +673,14 @@ result<void> check_abc(std::string_view op, const device& dev, const gpu_ref<T>&
 template <class T>
 asio::awaitable<result<gpu_ref<T>>> do_gemm(state_ptr st, gemm_params p, gpu_ref<T> a, gpu_ref<T> b,
                                             gpu_ref<T> c) {
-  auto& core = st->core;
-  if (auto ok = core.accepting(); !ok) co_return tag(ok.error());
+  if (auto ok = st->accepting(); !ok) co_return tag(ok.error());
   auto g = detail::check_gemm(p, a.size(), b.size(), c.size());
   if (!g) co_return tag(g.error());
-  if (auto ok = check_abc("gemm", core.dev, a, b, c, g.value()); !ok) co_return tag(ok.error());
+  if (auto ok = check_abc("gemm", st->dev, a, b, c, g.value()); !ok) co_return tag(ok.error());
+  auto& lane = st->lane();
   using keep =
       std::tuple<gpu_ref<T>, gpu_ref<T>, std::shared_ptr<const detail::recorded_exec>, state_ptr>;
-  co_return co_await run_kernel(k_lib, core.strm, st->how, c, [&](launch& l) -> result<keep> {
+  co_return co_await run_kernel(k_lib, lane.strm, st->how, c, [&](launch& l) -> result<keep> {
     BOOST_OUTCOME_TRY(const T* pa, l.read(a));
     BOOST_OUTCOME_TRY(const T* pb, l.read(b));
     BOOST_OUTCOME_TRY(T * pc, l.write(c));
@@ -641,35 +688,39 @@ asio::awaitable<result<gpu_ref<T>>> do_gemm(state_ptr st, gemm_params p, gpu_ref
     const auto ta = to_cublas(p.transa), tb = to_cublas(p.transb);
     detail::lt_plan* lt = nullptr;
     std::string_view used = gemm_traits<T>::name;  // what an error names
-    // `s`: the stream the handle is on now (the actor's, or the recording one).
+    // `s`: the stream the handle is on now (the lane's, or the recording one).
     auto call = [&](cudaStream_t s) {
       used = gemm_traits<T>::name;
       if constexpr (std::is_same_v<T, float>) {
         if (lt) {
-          const auto r = st->lt_sgemm(*lt, s, static_cast<float>(p.alpha),
-                                      static_cast<float>(p.beta), pa, pb, pc);
+          const auto r = lane.lt_sgemm(*lt, s, static_cast<float>(p.alpha),
+                                       static_cast<float>(p.beta), pa, pb, pc);
           if (r != CUBLAS_STATUS_NOT_SUPPORTED && r != CUBLAS_STATUS_INVALID_VALUE) {
-            if (r == CUBLAS_STATUS_SUCCESS) ++st->lt_calls;
+            if (r == CUBLAS_STATUS_SUCCESS) ++lane.lt_calls;
             used = "cublasLtMatmul";
             return r;
           }
           // Refused before any launch: this shape goes to cublasSgemm from now on.
           lt->usable = false;
           lt = nullptr;
-          ++st->lt_fallbacks;
+          ++lane.lt_fallbacks;
         }
       }
-      return gemm_traits<T>::gemm(st->handle, ta, tb, gp, p.alpha, p.beta, pa, pb, pc);
+      return gemm_traits<T>::gemm(lane.handle, ta, tb, gp, p.alpha, p.beta, pa, pb, pc);
     };
     std::shared_ptr<const detail::recorded_exec> rec;
     {
-      std::lock_guard lk(core.enqueue_mu);
+      std::lock_guard lk(lane.mu);
+      const bool t32 = st->tf32.load(std::memory_order_relaxed);
+      BOOST_OUTCOME_TRY(lane.use_tf32(t32));
       if constexpr (std::is_same_v<T, float>) {
-        lt = st->lt_plan_for(ta, tb, gp, pa, pb, pc);
-        if (!lt && st->use_lt) ++st->lt_fallbacks;
+        if (st->use_lt) {
+          lt = lane.lt_plan_for(t32, ta, tb, gp, pa, pb, pc);
+          if (!lt) ++lane.lt_fallbacks;
+        }
       }
       const detail::gemm_key key{dtype_of<T>,
-                                 st->tf32.load(std::memory_order_relaxed),
+                                 t32,
                                  static_cast<int>(ta),
                                  static_cast<int>(tb),
                                  gp.m,
@@ -683,7 +734,7 @@ asio::awaitable<result<gpu_ref<T>>> do_gemm(state_ptr st, gemm_params p, gpu_ref
                                  reinterpret_cast<std::uintptr_t>(pa),
                                  reinterpret_cast<std::uintptr_t>(pb),
                                  reinterpret_cast<std::uintptr_t>(pc)};
-      BOOST_OUTCOME_TRY(st->run_recorded(key, used, call, rec));
+      BOOST_OUTCOME_TRY(lane.run_recorded(key, used, call, rec));
     }
     return keep{a, b, std::move(rec), st};
   });
@@ -693,20 +744,21 @@ template <class T>
 asio::awaitable<result<gpu_ref<T>>> do_gemm_batched(state_ptr st, gemm_params p, batch_params bp,
                                                     gpu_ref<T> a, gpu_ref<T> b, gpu_ref<T> c) {
   constexpr std::string_view op = "gemm_strided_batched";
-  auto& core = st->core;
-  if (auto ok = core.accepting(); !ok) co_return tag(ok.error());
+  if (auto ok = st->accepting(); !ok) co_return tag(ok.error());
   auto plan = detail::check_gemm_batched(p, bp, a.size(), b.size(), c.size());
   if (!plan) co_return tag(plan.error());
-  if (auto ok = check_abc(op, core.dev, a, b, c, plan.value().g); !ok) co_return tag(ok.error());
+  if (auto ok = check_abc(op, st->dev, a, b, c, plan.value().g); !ok) co_return tag(ok.error());
+  auto& lane = st->lane();
   using keep = std::tuple<gpu_ref<T>, gpu_ref<T>, state_ptr>;
-  co_return co_await run_kernel(k_lib, core.strm, st->how, c, [&](launch& l) -> result<keep> {
+  co_return co_await run_kernel(k_lib, lane.strm, st->how, c, [&](launch& l) -> result<keep> {
     BOOST_OUTCOME_TRY(const T* pa, l.read(a));
     BOOST_OUTCOME_TRY(const T* pb, l.read(b));
     BOOST_OUTCOME_TRY(T * pc, l.write(c));
     cublasStatus_t s;
     {
-      std::lock_guard lk(core.enqueue_mu);
-      s = gemm_traits<T>::batched(st->handle, to_cublas(p.transa), to_cublas(p.transb),
+      std::lock_guard lk(lane.mu);
+      BOOST_OUTCOME_TRY(lane.use_tf32(st->tf32.load(std::memory_order_relaxed)));
+      s = gemm_traits<T>::batched(lane.handle, to_cublas(p.transa), to_cublas(p.transb),
                                   plan.value(), p.alpha, p.beta, pa, pb, pc);
     }
     BOOST_OUTCOME_TRY(cublas_ok(s, gemm_traits<T>::batched_name));
@@ -791,29 +843,29 @@ template <class T>
 asio::awaitable<result<gpu_ref<T>>> do_gemv(state_ptr st, gemv_params p, gpu_ref<T> a, gpu_ref<T> x,
                                             gpu_ref<T> y) {
   constexpr std::string_view op = "gemv";
-  auto& core = st->core;
-  if (auto ok = core.accepting(); !ok) co_return tag(ok.error());
+  if (auto ok = st->accepting(); !ok) co_return tag(ok.error());
   auto gr = detail::check_gemv(p, a.size(), x.size(), y.size());
   if (!gr) co_return tag(gr.error());
   const auto& g = gr.value();
   auto checked = [&]() -> result<void> {
-    BOOST_OUTCOME_TRY(check_arg(op, "a", a, core.dev, g.a_elems));
-    BOOST_OUTCOME_TRY(check_arg(op, "x", x, core.dev, g.x_elems));
-    BOOST_OUTCOME_TRY(check_arg(op, "y", y, core.dev, g.y_elems));
+    BOOST_OUTCOME_TRY(check_arg(op, "a", a, st->dev, g.a_elems));
+    BOOST_OUTCOME_TRY(check_arg(op, "x", x, st->dev, g.x_elems));
+    BOOST_OUTCOME_TRY(check_arg(op, "y", y, st->dev, g.y_elems));
     BOOST_OUTCOME_TRY(disjoint(op, "y", y, g.y_elems, "a", a, g.a_elems));
     BOOST_OUTCOME_TRY(disjoint(op, "y", y, g.y_elems, "x", x, g.x_elems));
     return outcome::success();
   }();
   if (!checked) co_return tag(checked.error());
   using keep = std::tuple<gpu_ref<T>, gpu_ref<T>, state_ptr>;
-  co_return co_await run_kernel(k_lib, core.strm, st->how, y, [&](launch& l) -> result<keep> {
+  auto& lane = st->lane();
+  co_return co_await run_kernel(k_lib, lane.strm, st->how, y, [&](launch& l) -> result<keep> {
     BOOST_OUTCOME_TRY(const T* pa, l.read(a));
     BOOST_OUTCOME_TRY(const T* px, l.read(x));
     BOOST_OUTCOME_TRY(T * py, l.write(y));
     cublasStatus_t s;
     {
-      std::lock_guard lk(core.enqueue_mu);
-      s = level_traits<T>::gemv(st->handle, to_cublas(p.trans), g, p.alpha, p.beta, pa, px, py);
+      std::lock_guard lk(lane.mu);
+      s = level_traits<T>::gemv(lane.handle, to_cublas(p.trans), g, p.alpha, p.beta, pa, px, py);
     }
     BOOST_OUTCOME_TRY(cublas_ok(s, level_traits<T>::gemv_name));
     return keep{a, x, st};
@@ -825,26 +877,26 @@ asio::awaitable<result<gpu_ref<T>>> do_axpy(state_ptr st, std::int64_t n, double
                                             gpu_ref<T> x, gpu_ref<T> y, std::int64_t incx,
                                             std::int64_t incy) {
   constexpr std::string_view op = "axpy";
-  auto& core = st->core;
-  if (auto ok = core.accepting(); !ok) co_return tag(ok.error());
+  if (auto ok = st->accepting(); !ok) co_return tag(ok.error());
   auto pr = detail::check_axpy(n, incx, x.size(), incy, y.size());
   if (!pr) co_return tag(pr.error());
   const auto& p = pr.value();
   auto checked = [&]() -> result<void> {
-    BOOST_OUTCOME_TRY(check_arg(op, "x", x, core.dev, p.x_elems));
-    BOOST_OUTCOME_TRY(check_arg(op, "y", y, core.dev, p.y_elems));
+    BOOST_OUTCOME_TRY(check_arg(op, "x", x, st->dev, p.x_elems));
+    BOOST_OUTCOME_TRY(check_arg(op, "y", y, st->dev, p.y_elems));
     BOOST_OUTCOME_TRY(disjoint(op, "y", y, p.y_elems, "x", x, p.x_elems));
     return outcome::success();
   }();
   if (!checked) co_return tag(checked.error());
   using keep = std::tuple<gpu_ref<T>, state_ptr>;
-  co_return co_await run_kernel(k_lib, core.strm, st->how, y, [&](launch& l) -> result<keep> {
+  auto& lane = st->lane();
+  co_return co_await run_kernel(k_lib, lane.strm, st->how, y, [&](launch& l) -> result<keep> {
     BOOST_OUTCOME_TRY(const T* px, l.read(x));
     BOOST_OUTCOME_TRY(T * py, l.write(y));
     cublasStatus_t s;
     {
-      std::lock_guard lk(core.enqueue_mu);
-      s = level_traits<T>::axpy(st->handle, p.n, alpha, px, p.incx, py, p.incy);
+      std::lock_guard lk(lane.mu);
+      s = level_traits<T>::axpy(lane.handle, p.n, alpha, px, p.incx, py, p.incy);
     }
     BOOST_OUTCOME_TRY(cublas_ok(s, level_traits<T>::axpy_name));
     return keep{x, st};
@@ -855,18 +907,18 @@ template <class T>
 asio::awaitable<result<gpu_ref<T>>> do_scal(state_ptr st, std::int64_t n, double alpha,
                                             gpu_ref<T> x, std::int64_t incx) {
   constexpr std::string_view op = "scal";
-  auto& core = st->core;
-  if (auto ok = core.accepting(); !ok) co_return tag(ok.error());
+  if (auto ok = st->accepting(); !ok) co_return tag(ok.error());
   auto pr = detail::check_vector_op(op, n, incx, x.size());
   if (!pr) co_return tag(pr.error());
   const auto& p = pr.value();
-  if (auto ok = check_arg(op, "x", x, core.dev, p.x_elems); !ok) co_return tag(ok.error());
-  co_return co_await run_kernel(k_lib, core.strm, st->how, x, [&](launch& l) -> result<state_ptr> {
+  if (auto ok = check_arg(op, "x", x, st->dev, p.x_elems); !ok) co_return tag(ok.error());
+  auto& lane = st->lane();
+  co_return co_await run_kernel(k_lib, lane.strm, st->how, x, [&](launch& l) -> result<state_ptr> {
     BOOST_OUTCOME_TRY(T * px, l.write(x));
     cublasStatus_t s;
     {
-      std::lock_guard lk(core.enqueue_mu);
-      s = level_traits<T>::scal(st->handle, p.n, alpha, px, p.incx);
+      std::lock_guard lk(lane.mu);
+      s = level_traits<T>::scal(lane.handle, p.n, alpha, px, p.incx);
     }
     BOOST_OUTCOME_TRY(cublas_ok(s, level_traits<T>::scal_name));
     return st;
@@ -880,24 +932,25 @@ asio::awaitable<result<gpu_ref<T>>> do_scal(state_ptr st, std::int64_t n, double
 template <class R, class Keep, class Prepare>
 asio::awaitable<result<R>> scalar_op(state_ptr st, std::string_view call_name, Keep inputs,
                                      Prepare prepare) {
-  auto& core = st->core;
-  auto scratch = core.dev.allocate<R>(1, core.strm);
+  // The scratch scalar is allocated on the lane's stream: no cross-stream wait.
+  auto& lane = st->lane();
+  auto scratch = st->dev.allocate<R>(1, lane.strm);
   if (!scratch) co_return tag(scratch.error());
-  auto host = core.dev.allocate_pinned<R>(1);
+  auto host = st->dev.allocate_pinned<R>(1);
   if (!host) co_return tag(host.error());
   using keep = std::tuple<Keep, gpu_ref<R>, pinned_buffer<R>, state_ptr>;
   auto got =
-      co_await run_kernel(k_lib, core.strm, st->how, host.value(), [&](launch& l) -> result<keep> {
+      co_await run_kernel(k_lib, lane.strm, st->how, host.value(), [&](launch& l) -> result<keep> {
         BOOST_OUTCOME_TRY(R * pr, l.write(scratch.value()));
         BOOST_OUTCOME_TRY(auto call, prepare(l));
         cublasStatus_t mode, s = CUBLAS_STATUS_SUCCESS;
         {
-          std::lock_guard lk(core.enqueue_mu);
-          mode = cublasSetPointerMode(st->handle, CUBLAS_POINTER_MODE_DEVICE);
+          std::lock_guard lk(lane.mu);
+          mode = cublasSetPointerMode(lane.handle, CUBLAS_POINTER_MODE_DEVICE);
           if (mode == CUBLAS_STATUS_SUCCESS) {
-            s = call(st->handle, pr);
+            s = call(lane.handle, pr);
             // Back to host mode for every other operation; cannot fail on a valid handle.
-            mode = cublasSetPointerMode(st->handle, CUBLAS_POINTER_MODE_HOST);
+            mode = cublasSetPointerMode(lane.handle, CUBLAS_POINTER_MODE_HOST);
           }
         }
         BOOST_OUTCOME_TRY(cublas_ok(s, call_name));
@@ -916,13 +969,12 @@ template <class T>
 asio::awaitable<result<T>> do_dot(state_ptr st, std::int64_t n, gpu_ref<T> x, gpu_ref<T> y,
                                   std::int64_t incx, std::int64_t incy) {
   constexpr std::string_view op = "dot";
-  auto& core = st->core;
-  if (auto ok = core.accepting(); !ok) co_return tag(ok.error());
+  if (auto ok = st->accepting(); !ok) co_return tag(ok.error());
   auto pr = detail::check_dot(n, incx, x.size(), incy, y.size());
   if (!pr) co_return tag(pr.error());
   const auto p = pr.value();
-  if (auto ok = check_arg(op, "x", x, core.dev, p.x_elems); !ok) co_return tag(ok.error());
-  if (auto ok = check_arg(op, "y", y, core.dev, p.y_elems); !ok) co_return tag(ok.error());
+  if (auto ok = check_arg(op, "x", x, st->dev, p.x_elems); !ok) co_return tag(ok.error());
+  if (auto ok = check_arg(op, "y", y, st->dev, p.y_elems); !ok) co_return tag(ok.error());
   co_return co_await scalar_op<T>(
       st, level_traits<T>::dot_name, std::tuple{x, y},
       [x, y, p](launch& l) -> result<std::function<cublasStatus_t(cublasHandle_t, T*)>> {
@@ -947,12 +999,11 @@ auto do_reduce(state_ptr st, std::int64_t n, gpu_ref<T> x, std::int64_t incx)
   constexpr std::string_view call_name = Red == reduction::nrm2   ? level_traits<T>::nrm2_name
                                          : Red == reduction::asum ? level_traits<T>::asum_name
                                                                   : level_traits<T>::iamax_name;
-  auto& core = st->core;
-  if (auto ok = core.accepting(); !ok) co_return tag(ok.error());
+  if (auto ok = st->accepting(); !ok) co_return tag(ok.error());
   auto pr = detail::check_vector_op(op, n, incx, x.size(), Red == reduction::iamax ? 1 : 0);
   if (!pr) co_return tag(pr.error());
   const auto p = pr.value();
-  if (auto ok = check_arg(op, "x", x, core.dev, p.x_elems); !ok) co_return tag(ok.error());
+  if (auto ok = check_arg(op, "x", x, st->dev, p.x_elems); !ok) co_return tag(ok.error());
   co_return co_await scalar_op<R>(
       st, call_name, x,
       [x, p](launch& l) -> result<std::function<cublasStatus_t(cublasHandle_t, R*)>> {
@@ -980,47 +1031,61 @@ asio::awaitable<result<std::int64_t>> do_iamax(state_ptr st, std::int64_t n, gpu
 
 // ---------------------------------------------------------------- blas_actor
 
-result<blas_actor> blas_actor::create(device dev, blas_options options) {
-  if (!dev.impl()) return make_error(errc::invalid_argument, "blas_actor: empty device");
-  if (auto ok = dev.status(); !ok) return tag(ok.error());
-  if (!dev.options().libraries.cublas)
-    return tag(make_error(errc::not_supported,
-                          "blas_actor: cuBLAS is disabled in this device's library_set"));
-  auto s = dev.acquire_stream(options.streams.value_or(dev.options().streams), k_lib);
-  if (!s) return tag(s.error());
-  const completion how = options.how.value_or(dev.options().default_completion);
-  auto st = std::make_shared<blas_state>(dev, std::move(s).value(), how, options.cuda_graph_cache,
-                                         options.lt_matmul);
+result<void> detail::check_blas_options(const blas_options& o) {
+  return check_max_lanes("blas_actor::create", o.max_lanes);
+}
 
-  if (auto e = cudaSetDevice(dev.ordinal()); e != cudaSuccess)
-    return tag(classify(e, "cudaSetDevice"));
+result<std::unique_ptr<detail::blas_lane>> detail::blas_state::make_lane() {
+  BOOST_OUTCOME_TRY(auto s, dev.acquire_stream(lane_streams, k_lib));
+  auto lane = std::make_unique<blas_lane>(dev, std::move(s), graph_capacity);
+  if (auto e = cudaSetDevice(dev.ordinal()); e != cudaSuccess) return classify(e, "cudaSetDevice");
   cublasHandle_t h = nullptr;
   if (auto e = cublasCreate(&h); e != CUBLAS_STATUS_SUCCESS) {
     cudaGetLastError();
     return classify(e, "cublasCreate");
   }
-  st->handle = h;  // destroyed with the state from here on
-  if (auto e = cublasSetStream(h, st->core.strm.native_handle()); e != CUBLAS_STATUS_SUCCESS)
+  lane->handle = h;  // destroyed with the lane from here on
+  if (auto e = cublasSetStream(h, lane->strm.native_handle()); e != CUBLAS_STATUS_SUCCESS)
     return classify(e, "cublasSetStream");
   if (auto e = cublasSetPointerMode(h, CUBLAS_POINTER_MODE_HOST); e != CUBLAS_STATUS_SUCCESS)
     return classify(e, "cublasSetPointerMode");
-  if (options.lt_matmul) {
+  // Set whichever mode is asked for: a new handle's default is neither.
+  const bool t32 = tf32.load();
+  if (auto e = cublasSetMathMode(h, t32 ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_PEDANTIC_MATH);
+      e != CUBLAS_STATUS_SUCCESS)
+    return classify(e, "cublasSetMathMode");
+  lane->tf32 = t32;
+  if (use_lt) {
     cublasLtHandle_t lt = nullptr;
     if (cublasLtCreate(&lt) == CUBLAS_STATUS_SUCCESS)
-      st->lt = lt;
+      lane->lt = lt;
     else
       cudaGetLastError();  // f32 gemm then goes to cublasSgemm (counted as fallbacks)
   }
-  blas_actor actor(std::move(st));
-  BOOST_OUTCOME_TRY(actor.set_tf32(options.tf32));
-  return actor;
+  return lane;
+}
+
+result<blas_actor> blas_actor::create(device dev, blas_options options) {
+  if (!dev.impl()) return make_error(errc::invalid_argument, "blas_actor: empty device");
+  if (auto ok = detail::check_blas_options(options); !ok) return tag(ok.error());
+  if (auto ok = dev.status(); !ok) return tag(ok.error());
+  if (!dev.options().libraries.cublas)
+    return tag(make_error(errc::not_supported,
+                          "blas_actor: cuBLAS is disabled in this device's library_set"));
+  const completion how = options.how.value_or(dev.options().default_completion);
+  const auto lanes = detail::resolve_lanes(options.streams, options.max_lanes, dev.options());
+  auto st = std::make_shared<blas_state>(dev, how, options, lanes);
+  auto first = st->make_lane();
+  if (!first) return tag(first.error());
+  st->lanes.install_first(std::move(first).value());
+  return blas_actor(std::move(st));
 }
 
 const device& blas_actor::get_device() const noexcept {
-  return st_->core.dev;
+  return st_->dev;
 }
 const stream& blas_actor::get_stream() const noexcept {
-  return st_->core.strm;
+  return st_->lanes.first().strm;
 }
 const completion& blas_actor::get_completion() const noexcept {
   return st_->how;
@@ -1030,26 +1095,29 @@ bool blas_actor::tf32() const noexcept {
 }
 
 blas_statistics blas_actor::statistics() const {
-  std::lock_guard lk(st_->core.enqueue_mu);
   blas_statistics s;
-  s.gemm_graph_records = st_->records;
-  s.gemm_graph_launches = st_->launches;
-  s.gemm_graph_failures = st_->failures;
-  s.gemm_graphs_cached = st_->gemm_graphs.size();
-  s.gemm_lt_calls = st_->lt_calls;
-  s.gemm_lt_plans = st_->lt_plans_made;
-  s.gemm_lt_fallbacks = st_->lt_fallbacks;
+  st_->lanes.for_each_locked([&](const detail::blas_lane& l) {
+    s.gemm_graph_records += l.records;
+    s.gemm_graph_launches += l.launches;
+    s.gemm_graph_failures += l.failures;
+    s.gemm_graphs_cached += l.gemm_graphs.size();
+    s.gemm_lt_calls += l.lt_calls;
+    s.gemm_lt_plans += l.lt_plans_made;
+    s.gemm_lt_fallbacks += l.lt_fallbacks;
+    ++s.lanes;
+  });
   return s;
 }
 
 result<void> blas_actor::set_tf32(bool on) {
-  if (auto ok = st_->core.accepting(); !ok) return tag(ok.error());
-  std::lock_guard lk(st_->core.enqueue_mu);
-  const cublasMath_t mode = on ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_PEDANTIC_MATH;
-  if (auto e = cublasSetMathMode(st_->handle, mode); e != CUBLAS_STATUS_SUCCESS)
-    return classify(e, "cublasSetMathMode");
+  if (auto ok = st_->accepting(); !ok) return tag(ok.error());
   st_->tf32.store(on);
-  return outcome::success();
+  // Every lane now; a lane made meanwhile follows at its next gemm.
+  result<void> r = outcome::success();
+  st_->lanes.for_each_locked([&](detail::blas_lane& l) {
+    if (auto ok = l.use_tf32(on); !ok && r) r = ok.error();
+  });
+  return r;
 }
 
 #define ATOMR_BLAS_GEMM(T)                                                                        \

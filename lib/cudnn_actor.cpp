@@ -268,7 +268,7 @@ result<void> check_cudnn_options(const cudnn_options& o) {
   if (o.convolution_api != conv_api::graph && o.convolution_api != conv_api::legacy)
     return bad_argument("cudnn_actor::create", "convolution_api",
                         num(static_cast<int>(o.convolution_api)) + " is not a conv_api");
-  return outcome::success();
+  return check_max_lanes("cudnn_actor::create", o.max_lanes);
 }
 
 namespace {
@@ -345,32 +345,38 @@ struct op_descs {
 
 }  // namespace
 
-struct cudnn_state {
-  cudnn_state(device d, stream s, completion c, const cudnn_options& o)
-      : core(std::move(d), std::move(s)),
-        how(c),
-        workspace_limit(o.workspace_limit),
-        api(o.convolution_api),
-        cuda_graphs(o.cuda_graphs),
-        plans(o.algo_cache_size) {}
-  cudnn_state(const cudnn_state&) = delete;
-  cudnn_state& operator=(const cudnn_state&) = delete;
-  ~cudnn_state() {
-    // The last keep-alive holding the state is released only after the GPU
-    // finished with it; nothing is handed back to a dead context.
-    // Plans first: graph-API execution plans were made with the handle.
+/// What every lane of a cudnn_actor is configured with (cudnn_options).
+struct cudnn_config {
+  std::size_t workspace_limit = 0;
+  conv_api api = conv_api::graph;
+  bool cuda_graphs = true;
+  std::size_t algo_cache_size = 1;
+};
+
+/// One lane of a cudnn_actor (docs/design.md, "One actor, several lanes"):
+/// a cuDNN handle bound to the lane's stream (made on its first operation)
+/// and everything tied to it or to that stream: the convolution plans (graph
+/// execution plans are built with the handle), the workspace, the recording
+/// stream and their counts.
+struct cudnn_lane : lane_base {
+  cudnn_lane(device d, stream s, const cudnn_config& c)
+      : lane_base(std::move(s)), dev(std::move(d)), cfg(c), plans(c.algo_cache_size) {}
+  cudnn_lane(const cudnn_lane&) = delete;
+  cudnn_lane& operator=(const cudnn_lane&) = delete;
+  ~cudnn_lane() {
+    // The last keep-alive holding the actor's state (and so this lane) is
+    // released only after the GPU finished with it; nothing is handed back
+    // to a dead context. Plans first: graph-API execution plans were made
+    // with the handle.
     plans.clear();
-    if (core.dev.health() == health_state::poisoned) return;
+    if (dev.health() == health_state::poisoned) return;
     if (handle) cudnnDestroy(handle);
     capture.destroy();
   }
 
-  actor_core core;
-  completion how;
-  std::size_t workspace_limit;
-  conv_api api;
-  bool cuda_graphs;
-  // Everything below is guarded by core.enqueue_mu.
+  device dev;
+  const cudnn_config cfg;
+  // Everything below is guarded by mu.
   cudnnHandle_t handle = nullptr;
   lru<conv_key, std::shared_ptr<conv_plan>> plans;
   gpu_ref<std::uint8_t> workspace;  // replaced (never resized) when a larger one is needed
@@ -380,27 +386,27 @@ struct cudnn_state {
   recording_stream capture;  // CUDA graphs are recorded on it
 
   /// The recording stream (null when cuda_graphs is off). Lock held, device current.
-  cudaStream_t capture_stream() { return cuda_graphs ? capture.get() : nullptr; }
+  cudaStream_t capture_stream() { return cfg.cuda_graphs ? capture.get() : nullptr; }
 
   /// Runs a graph-API plan and counts how it ran.
   result<void> run_graph(conv_plan& plan, const void* x, const void* w, void* y, void* ws,
                          std::shared_ptr<const recorded_exec>& keep) {
     const bool could_record = !plan.graph->recording_failed();
-    BOOST_OUTCOME_TRY(auto how, plan.graph->execute(handle, core.strm.native_handle(),
-                                                    capture_stream(), x, w, y, ws, keep));
+    BOOST_OUTCOME_TRY(auto how, plan.graph->execute(handle, strm.native_handle(), capture_stream(),
+                                                    x, w, y, ws, keep));
     if (how == graph_run::captured) ++graph_records;
     if (how != graph_run::executed) ++graph_launches;
     if (could_record && plan.graph->recording_failed()) ++graph_failures;
     return outcome::success();
   }
 
-  /// Creates the handle on first use and binds it to the actor's stream.
+  /// Creates the handle on first use and binds it to the lane's stream.
   /// Called with the lock held and the device current.
   result<cudnnHandle_t> get_handle() {
     if (handle) return handle;
     cudnnHandle_t h = nullptr;
     BOOST_OUTCOME_TRY(ok(cudnnCreate(&h), "cudnnCreate"));
-    if (auto r = ok(cudnnSetStream(h, core.strm.native_handle()), "cudnnSetStream"); !r) {
+    if (auto r = ok(cudnnSetStream(h, strm.native_handle()), "cudnnSetStream"); !r) {
       cudnnDestroy(h);
       return r.error();
     }
@@ -408,13 +414,13 @@ struct cudnn_state {
     return handle;
   }
 
-  /// A workspace of at least `bytes` (empty if 0). Lock held.
+  /// A workspace of at least `bytes` (empty if 0), on the lane's stream. Lock held.
   result<gpu_ref<std::uint8_t>> workspace_for(std::size_t bytes) {
     if (bytes == 0) return gpu_ref<std::uint8_t>{};
     if (workspace.size() < bytes) {
       // The old workspace lives on in the keep-alives of the ops that used it;
       // the pool frees it after their GPU work (ordered as writes).
-      BOOST_OUTCOME_TRY(auto w, core.dev.allocate<std::uint8_t>(bytes, core.strm));
+      BOOST_OUTCOME_TRY(auto w, dev.allocate<std::uint8_t>(bytes, strm));
       workspace = std::move(w);
       ++workspace_grows;
     }
@@ -424,6 +430,33 @@ struct cudnn_state {
   template <class T>
   result<std::shared_ptr<conv_plan>> plan_for(cudnnHandle_t h, const conv_key& key,
                                               const conv2d_layout& lay);
+};
+
+struct cudnn_state {
+  cudnn_state(device d, completion c, const cudnn_options& o, lane_policy lp)
+      : dev(std::move(d)),
+        how(c),
+        cfg{o.workspace_limit, o.convolution_api, o.cuda_graphs, o.algo_cache_size},
+        lane_streams(lp.streams),
+        lanes(lp.max_lanes) {}
+  cudnn_state(const cudnn_state&) = delete;
+  cudnn_state& operator=(const cudnn_state&) = delete;
+
+  device dev;
+  const completion how;
+  const cudnn_config cfg;
+  const stream_policy lane_streams;
+  lane_set<cudnn_lane> lanes;
+
+  /// A new lane: only its stream (the handle is made at its first operation).
+  result<std::unique_ptr<cudnn_lane>> make_lane() {
+    BOOST_OUTCOME_TRY(auto s, dev.acquire_stream(lane_streams, "cudnn"));
+    return std::make_unique<cudnn_lane>(dev, std::move(s), cfg);
+  }
+  /// The lane for the next operation (lane_set::pick).
+  cudnn_lane& lane() {
+    return lanes.pick([this](std::size_t) { return make_lane(); });
+  }
 };
 
 namespace {
@@ -462,8 +495,8 @@ graph_conv_spec graph_spec(const conv_key& key, const conv2d_layout& lay, std::s
 }  // namespace
 
 template <class T>
-result<std::shared_ptr<conv_plan>> cudnn_state::plan_for(cudnnHandle_t h, const conv_key& key,
-                                                         const conv2d_layout& lay) {
+result<std::shared_ptr<conv_plan>> cudnn_lane::plan_for(cudnnHandle_t h, const conv_key& key,
+                                                        const conv2d_layout& lay) {
   if (auto* p = plans.find(key)) return *p;
   auto plan = std::make_shared<conv_plan>();
   const auto t = data_type<T>();
@@ -474,10 +507,10 @@ result<std::shared_ptr<conv_plan>> cudnn_state::plan_for(cudnnHandle_t h, const 
   if (key.bias) {
     BOOST_OUTCOME_TRY(set_tensor(plan->bias, tensor_shape{1, p.out_channels, 1, 1, x.layout}, t));
   }
-  if (api == conv_api::graph) {
+  if (cfg.api == conv_api::graph) {
     // Any failure here (no engine passes, or cuDNN refuses the graph) leaves
     // the shape to the legacy API, which reports its own errors.
-    if (auto g = graph_conv::build(h, graph_spec<T>(key, lay, workspace_limit))) {
+    if (auto g = graph_conv::build(h, graph_spec<T>(key, lay, cfg.workspace_limit))) {
       plan->graph = std::move(g).value();
       plan->workspace = plan->graph->workspace();
       ++graph_plans;
@@ -529,7 +562,7 @@ result<std::shared_ptr<conv_plan>> cudnn_state::plan_for(cudnnHandle_t h, const 
                                                 plan->y.h, perf[i].algo,
                                                 &ws) != CUDNN_STATUS_SUCCESS)
       continue;
-    if (ws > workspace_limit) continue;
+    if (ws > cfg.workspace_limit) continue;
     plan->algo = perf[i].algo;
     plan->workspace = ws;
     found = true;
@@ -538,8 +571,8 @@ result<std::shared_ptr<conv_plan>> cudnn_state::plan_for(cudnnHandle_t h, const 
   if (!found)
     return make_error(errc::not_supported,
                       "cudnn_actor::conv2d_forward: no forward algorithm for this shape within "
-                      "workspace_limit (" +
-                          std::to_string(workspace_limit) + " bytes)" +
+                      "cfg.workspace_limit (" +
+                          std::to_string(cfg.workspace_limit) + " bytes)" +
                           (is_f32 ? " without TF32" : ""));
   return plans.insert(key, std::move(plan));
 }
@@ -562,10 +595,10 @@ asio::awaitable<result<gpu_ref<T>>> conv2d(std::shared_ptr<cudnn_state> st, tens
                                            conv2d_params p, gpu_ref<T> x, gpu_ref<T> filter,
                                            gpu_ref<T> bias, gpu_ref<T> y) {
   constexpr std::string_view op = "cudnn_actor::conv2d_forward";
-  BOOST_OUTCOME_CO_TRY(st->core.accepting());
+  BOOST_OUTCOME_CO_TRY(st->dev.status());
   BOOST_OUTCOME_CO_TRY(check_dtype(op, "x", dtype_of<T>));
   BOOST_OUTCOME_CO_TRY(auto lay, check_conv2d(op, xs, p));
-  const auto& dev = st->core.dev;
+  const auto& dev = st->dev;
   BOOST_OUTCOME_CO_TRY(check_ref(op, "x", x, dev, 0));
   BOOST_OUTCOME_CO_TRY(check_exact_size(op, "x", x.size(), lay.x_elems));
   BOOST_OUTCOME_CO_TRY(check_ref(op, "filter", filter, dev, 0));
@@ -587,9 +620,10 @@ asio::awaitable<result<gpu_ref<T>>> conv2d(std::shared_ptr<cudnn_state> st, tens
   using keep_t = std::tuple<gpu_ref<T>, gpu_ref<T>, gpu_ref<T>, std::shared_ptr<conv_plan>,
                             gpu_ref<std::uint8_t>, std::shared_ptr<const recorded_exec>,
                             std::shared_ptr<cudnn_state>>;
+  cudnn_lane* lane = &st->lane();
   co_return co_await run_kernel(
-      "cudnn", st->core.strm, st->how, y,
-      [st, shape_key, lay, x, filter, bias, y, has_bias](launch& l) -> result<keep_t> {
+      "cudnn", lane->strm, st->how, y,
+      [st, lane, shape_key, lay, x, filter, bias, y, has_bias](launch& l) -> result<keep_t> {
         BOOST_OUTCOME_TRY(const T* px, l.read(x));
         BOOST_OUTCOME_TRY(const T* pf, l.read(filter));
         const T* pb = nullptr;
@@ -601,10 +635,10 @@ asio::awaitable<result<gpu_ref<T>>> conv2d(std::shared_ptr<cudnn_state> st, tens
         key.align_x = static_cast<std::uint8_t>(pointer_alignment(px));
         key.align_w = static_cast<std::uint8_t>(pointer_alignment(pf));
         key.align_y = static_cast<std::uint8_t>(pointer_alignment(py));
-        std::lock_guard lk(st->core.enqueue_mu);
-        BOOST_OUTCOME_TRY(auto h, st->get_handle());
-        BOOST_OUTCOME_TRY(auto plan, st->plan_for<T>(h, key, lay));
-        BOOST_OUTCOME_TRY(auto ws, st->workspace_for(plan->workspace));
+        std::lock_guard lk(lane->mu);
+        BOOST_OUTCOME_TRY(auto h, lane->get_handle());
+        BOOST_OUTCOME_TRY(auto plan, lane->plan_for<T>(h, key, lay));
+        BOOST_OUTCOME_TRY(auto ws, lane->workspace_for(plan->workspace));
         void* pws = nullptr;
         if (!ws.empty()) {
           // A write, so that the pool frees a replaced workspace only after this op.
@@ -613,7 +647,7 @@ asio::awaitable<result<gpu_ref<T>>> conv2d(std::shared_ptr<cudnn_state> st, tens
         }
         std::shared_ptr<const recorded_exec> rec;
         if (plan->graph) {
-          BOOST_OUTCOME_TRY(st->run_graph(*plan, px, pf, py, pws, rec));
+          BOOST_OUTCOME_TRY(lane->run_graph(*plan, px, pf, py, pws, rec));
         } else {
           BOOST_OUTCOME_TRY(
               ok(cudnnConvolutionForward(h, &one, plan->x.h, px, plan->filter.h, pf, plan->conv.h,
@@ -634,9 +668,9 @@ result<void> check_io(std::string_view op, const cudnn_state& st, const gpu_ref<
                       std::int64_t x_elems, const gpu_ref<T>& y, std::int64_t y_elems,
                       bool in_place_ok) {
   BOOST_OUTCOME_TRY(check_dtype(op, "x", dtype_of<T>));
-  BOOST_OUTCOME_TRY(check_ref(op, "x", x, st.core.dev, 0));
+  BOOST_OUTCOME_TRY(check_ref(op, "x", x, st.dev, 0));
   BOOST_OUTCOME_TRY(check_exact_size(op, "x", x.size(), x_elems));
-  BOOST_OUTCOME_TRY(check_ref(op, "y", y, st.core.dev, 0));
+  BOOST_OUTCOME_TRY(check_ref(op, "y", y, st.dev, 0));
   BOOST_OUTCOME_TRY(check_exact_size(op, "y", y.size(), y_elems));
   const bool same_view = x.state() == y.state() && x.offset() == y.offset() && x.size() == y.size();
   if (!(in_place_ok && same_view)) {
@@ -651,13 +685,14 @@ template <class T>
 asio::awaitable<result<gpu_ref<T>>> activation(std::shared_ptr<cudnn_state> st, tensor_shape s,
                                                activation_params p, gpu_ref<T> x, gpu_ref<T> y) {
   constexpr std::string_view op = "cudnn_actor::activation_forward";
-  BOOST_OUTCOME_CO_TRY(st->core.accepting());
+  BOOST_OUTCOME_CO_TRY(st->dev.status());
   BOOST_OUTCOME_CO_TRY(auto elems, check_tensor_shape(op, "shape", s));
   BOOST_OUTCOME_CO_TRY(check_activation(op, p));
   BOOST_OUTCOME_CO_TRY(check_io(op, *st, x, elems, y, elems, true));
+  cudnn_lane* lane = &st->lane();
   co_return co_await run_kernel(
-      "cudnn", st->core.strm, st->how, y,
-      [st, s, p, x, y](launch& l) -> result<std::tuple<gpu_ref<T>, keep_io>> {
+      "cudnn", lane->strm, st->how, y,
+      [st, lane, s, p, x, y](launch& l) -> result<std::tuple<gpu_ref<T>, keep_io>> {
         BOOST_OUTCOME_TRY(const T* px, l.read(x));
         BOOST_OUTCOME_TRY(T * py, l.write(y));
         auto d = std::make_shared<op_descs>();
@@ -684,8 +719,8 @@ asio::awaitable<result<gpu_ref<T>>> activation(std::shared_ptr<cudnn_state> st, 
         BOOST_OUTCOME_TRY(
             ok(cudnnSetActivationDescriptor(d->act.h, mode, CUDNN_PROPAGATE_NAN, p.coef),
                "cudnnSetActivationDescriptor"));
-        std::lock_guard lk(st->core.enqueue_mu);
-        BOOST_OUTCOME_TRY(auto h, st->get_handle());
+        std::lock_guard lk(lane->mu);
+        BOOST_OUTCOME_TRY(auto h, lane->get_handle());
         BOOST_OUTCOME_TRY(
             ok(cudnnActivationForward(h, d->act.h, &one, d->x.h, px, &zero, d->x.h, py),
                "cudnnActivationForward"));
@@ -697,20 +732,21 @@ template <class T>
 asio::awaitable<result<gpu_ref<T>>> softmax(std::shared_ptr<cudnn_state> st, tensor_shape s,
                                             softmax_algorithm a, gpu_ref<T> x, gpu_ref<T> y) {
   constexpr std::string_view op = "cudnn_actor::softmax_forward";
-  BOOST_OUTCOME_CO_TRY(st->core.accepting());
+  BOOST_OUTCOME_CO_TRY(st->dev.status());
   BOOST_OUTCOME_CO_TRY(auto elems, check_tensor_shape(op, "shape", s));
   BOOST_OUTCOME_CO_TRY(check_softmax(op, a));
   BOOST_OUTCOME_CO_TRY(check_io(op, *st, x, elems, y, elems, false));
+  cudnn_lane* lane = &st->lane();
   co_return co_await run_kernel(
-      "cudnn", st->core.strm, st->how, y,
-      [st, s, a, x, y](launch& l) -> result<std::tuple<gpu_ref<T>, keep_io>> {
+      "cudnn", lane->strm, st->how, y,
+      [st, lane, s, a, x, y](launch& l) -> result<std::tuple<gpu_ref<T>, keep_io>> {
         BOOST_OUTCOME_TRY(const T* px, l.read(x));
         BOOST_OUTCOME_TRY(T * py, l.write(y));
         auto d = std::make_shared<op_descs>();
         BOOST_OUTCOME_TRY(set_tensor(d->x, s, data_type<T>()));
         const auto algo = a == softmax_algorithm::log ? CUDNN_SOFTMAX_LOG : CUDNN_SOFTMAX_ACCURATE;
-        std::lock_guard lk(st->core.enqueue_mu);
-        BOOST_OUTCOME_TRY(auto h, st->get_handle());
+        std::lock_guard lk(lane->mu);
+        BOOST_OUTCOME_TRY(auto h, lane->get_handle());
         BOOST_OUTCOME_TRY(ok(cudnnSoftmaxForward(h, algo, CUDNN_SOFTMAX_MODE_CHANNEL, &one, d->x.h,
                                                  px, &zero, d->x.h, py),
                              "cudnnSoftmaxForward"));
@@ -722,12 +758,13 @@ template <class T>
 asio::awaitable<result<gpu_ref<T>>> pooling(std::shared_ptr<cudnn_state> st, tensor_shape xs,
                                             pooling_params p, gpu_ref<T> x, gpu_ref<T> y) {
   constexpr std::string_view op = "cudnn_actor::pooling_forward";
-  BOOST_OUTCOME_CO_TRY(st->core.accepting());
+  BOOST_OUTCOME_CO_TRY(st->dev.status());
   BOOST_OUTCOME_CO_TRY(auto ys, check_pooling(op, xs, p));
   BOOST_OUTCOME_CO_TRY(check_io(op, *st, x, xs.elements(), y, ys.elements(), false));
+  cudnn_lane* lane = &st->lane();
   co_return co_await run_kernel(
-      "cudnn", st->core.strm, st->how, y,
-      [st, xs, ys, p, x, y](launch& l) -> result<std::tuple<gpu_ref<T>, keep_io>> {
+      "cudnn", lane->strm, st->how, y,
+      [st, lane, xs, ys, p, x, y](launch& l) -> result<std::tuple<gpu_ref<T>, keep_io>> {
         BOOST_OUTCOME_TRY(const T* px, l.read(x));
         BOOST_OUTCOME_TRY(T * py, l.write(y));
         auto d = std::make_shared<op_descs>();
@@ -744,8 +781,8 @@ asio::awaitable<result<gpu_ref<T>>> pooling(std::shared_ptr<cudnn_state> st, ten
                                         static_cast<int>(p.pad_h), static_cast<int>(p.pad_w),
                                         static_cast<int>(p.stride_h), static_cast<int>(p.stride_w)),
             "cudnnSetPooling2dDescriptor"));
-        std::lock_guard lk(st->core.enqueue_mu);
-        BOOST_OUTCOME_TRY(auto h, st->get_handle());
+        std::lock_guard lk(lane->mu);
+        BOOST_OUTCOME_TRY(auto h, lane->get_handle());
         BOOST_OUTCOME_TRY(ok(cudnnPoolingForward(h, d->pool.h, &one, d->x.h, px, &zero, d->y.h, py),
                              "cudnnPoolingForward"));
         return std::tuple{x, keep_io{std::move(d), st}};
@@ -758,22 +795,23 @@ asio::awaitable<result<gpu_ref<T>>> batchnorm(std::shared_ptr<cudnn_state> st, t
                                               gpu_ref<float> bias, gpu_ref<float> mean,
                                               gpu_ref<float> var, gpu_ref<T> y) {
   constexpr std::string_view op = "cudnn_actor::batchnorm_inference";
-  BOOST_OUTCOME_CO_TRY(st->core.accepting());
+  BOOST_OUTCOME_CO_TRY(st->dev.status());
   BOOST_OUTCOME_CO_TRY(auto elems, check_tensor_shape(op, "shape", s));
   BOOST_OUTCOME_CO_TRY(check_batchnorm_epsilon(op, eps));
   BOOST_OUTCOME_CO_TRY(check_io(op, *st, x, elems, y, elems, false));
   const std::pair<std::string_view, const gpu_ref<float>*> params[] = {
       {"scale", &scale}, {"bias", &bias}, {"mean", &mean}, {"var", &var}};
   for (const auto& [name, r] : params) {
-    BOOST_OUTCOME_CO_TRY(check_ref(op, name, *r, st->core.dev, 0));
+    BOOST_OUTCOME_CO_TRY(check_ref(op, name, *r, st->dev, 0));
     BOOST_OUTCOME_CO_TRY(check_exact_size(op, name, r->size(), s.c));
     BOOST_OUTCOME_CO_TRY(not_overlapping(op, "y", y, *r));
   }
   using keep_t = std::tuple<gpu_ref<T>, gpu_ref<float>, gpu_ref<float>, gpu_ref<float>,
                             gpu_ref<float>, keep_io>;
+  cudnn_lane* lane = &st->lane();
   co_return co_await run_kernel(
-      "cudnn", st->core.strm, st->how, y,
-      [st, s, eps, x, scale, bias, mean, var, y](launch& l) -> result<keep_t> {
+      "cudnn", lane->strm, st->how, y,
+      [st, lane, s, eps, x, scale, bias, mean, var, y](launch& l) -> result<keep_t> {
         BOOST_OUTCOME_TRY(const T* px, l.read(x));
         BOOST_OUTCOME_TRY(const float* ps, l.read(scale));
         BOOST_OUTCOME_TRY(const float* pb, l.read(bias));
@@ -785,8 +823,8 @@ asio::awaitable<result<gpu_ref<T>>> batchnorm(std::shared_ptr<cudnn_state> st, t
         // Per-channel parameters: 1 x C x 1 x 1 floats (also for half data).
         BOOST_OUTCOME_TRY(set_tensor(d->param, tensor_shape{1, s.c, 1, 1, tensor_layout::nchw},
                                      CUDNN_DATA_FLOAT));
-        std::lock_guard lk(st->core.enqueue_mu);
-        BOOST_OUTCOME_TRY(auto h, st->get_handle());
+        std::lock_guard lk(lane->mu);
+        BOOST_OUTCOME_TRY(auto h, lane->get_handle());
         BOOST_OUTCOME_TRY(ok(cudnnBatchNormalizationForwardInference(
                                  h, CUDNN_BATCHNORM_SPATIAL, &one, &zero, d->x.h, px, d->x.h, py,
                                  d->param.h, ps, pb, pm, pv, eps),
@@ -804,11 +842,12 @@ result<cudnn_actor> cudnn_actor::create(device dev, cudnn_options options) {
   if (!dev.options().libraries.cudnn)
     return make_error(errc::not_supported,
                       "cudnn_actor::create: cuDNN is disabled in this device's library_set");
-  BOOST_OUTCOME_TRY(auto s,
-                    dev.acquire_stream(options.streams.value_or(dev.options().streams), "cudnn"));
   const completion how = options.how.value_or(dev.options().default_completion);
-  return cudnn_actor(
-      std::make_shared<detail::cudnn_state>(std::move(dev), std::move(s), how, options));
+  const auto lanes = detail::resolve_lanes(options.streams, options.max_lanes, dev.options());
+  auto st = std::make_shared<detail::cudnn_state>(dev, how, options, lanes);
+  BOOST_OUTCOME_TRY(auto first, st->make_lane());
+  st->lanes.install_first(std::move(first));
+  return cudnn_actor(std::move(st));
 }
 
 asio::awaitable<result<gpu_ref<float>>> cudnn_actor::conv2d_forward(
@@ -879,27 +918,29 @@ asio::awaitable<result<gpu_ref<half>>> cudnn_actor::batchnorm_inference(
 }
 
 cudnn_statistics cudnn_actor::statistics() const {
-  std::lock_guard lk(st_->core.enqueue_mu);
   cudnn_statistics s;
-  s.algo_hits = st_->plans.hits();
-  s.algo_misses = st_->plans.misses();
-  s.algos_cached = st_->plans.size();
-  s.workspace_bytes = st_->workspace.size();
-  s.workspace_grows = st_->workspace_grows;
-  s.graph_plans = st_->graph_plans;
-  s.legacy_plans = st_->legacy_plans;
-  s.graph_fallbacks = st_->graph_fallbacks;
-  s.cuda_graph_records = st_->graph_records;
-  s.cuda_graph_launches = st_->graph_launches;
-  s.cuda_graph_failures = st_->graph_failures;
+  st_->lanes.for_each_locked([&](const detail::cudnn_lane& l) {
+    s.algo_hits += l.plans.hits();
+    s.algo_misses += l.plans.misses();
+    s.algos_cached += l.plans.size();
+    s.workspace_bytes += l.workspace.size();
+    s.workspace_grows += l.workspace_grows;
+    s.graph_plans += l.graph_plans;
+    s.legacy_plans += l.legacy_plans;
+    s.graph_fallbacks += l.graph_fallbacks;
+    s.cuda_graph_records += l.graph_records;
+    s.cuda_graph_launches += l.graph_launches;
+    s.cuda_graph_failures += l.graph_failures;
+    ++s.lanes;
+  });
   return s;
 }
 
 const device& cudnn_actor::get_device() const noexcept {
-  return st_->core.dev;
+  return st_->dev;
 }
 const stream& cudnn_actor::get_stream() const noexcept {
-  return st_->core.strm;
+  return st_->lanes.first().strm;
 }
 
 }  // namespace atomr::cuda

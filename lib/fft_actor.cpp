@@ -130,7 +130,7 @@ result<void> check_no_overlap(std::string_view op, bool same_allocation, std::si
 
 result<void> check_fft_options(const fft_options& o) {
   if (o.plan_cache_size == 0) return bad_argument("fft_actor::create", "plan_cache_size", "is 0");
-  return outcome::success();
+  return check_max_lanes("fft_actor::create", o.max_lanes);
 }
 
 /// One cuFFT plan and the workspace it owns. Destroyed when the cache and
@@ -150,27 +150,62 @@ struct fft_plan {
   gpu_ref<std::uint8_t> workspace;  // empty when cuFFT needs none
 };
 
-struct fft_state {
-  fft_state(device d, stream s, completion c, std::size_t cache_size)
-      : core(std::move(d), std::move(s)), how(c), plans(cache_size) {}
-  fft_state(const fft_state&) = delete;
-  fft_state& operator=(const fft_state&) = delete;
-  ~fft_state() {
+/// One lane of an fft_actor (docs/design.md, "One actor, several lanes"):
+/// a stream, the plans made on it (each bound to the stream by
+/// cufftSetStream, with its workspace allocated on it) and, once a
+/// normalised transform ran on it, a cuBLAS handle bound to the same stream.
+/// A plan is used by one lane only: two lanes running one plan at the same
+/// time would share its workspace.
+struct fft_lane : lane_base {
+  fft_lane(device d, stream s, std::size_t cache_size)
+      : lane_base(std::move(s)), dev(std::move(d)), plans(cache_size) {}
+  fft_lane(const fft_lane&) = delete;
+  fft_lane& operator=(const fft_lane&) = delete;
+  ~fft_lane() {
+    // Plans live on in the keep-alives of their execs; the state, and so
+    // this lane, outlives every operation.
+    plans.clear();
 #if ATOMR_FFT_USE_CUBLAS
-    if (blas && core.dev.health() != health_state::poisoned) cublasDestroy(blas);
+    if (blas && dev.health() != health_state::poisoned) cublasDestroy(blas);
 #endif
   }
 
-  actor_core core;
-  completion how;
-  lru<fft_plan_key, std::shared_ptr<fft_plan>> plans;  // guarded by core.enqueue_mu
+  device dev;
+  lru<fft_plan_key, std::shared_ptr<fft_plan>> plans;  // guarded by mu
 #if ATOMR_FFT_USE_CUBLAS
   cublasHandle_t blas = nullptr;  // created on the first normalised transform; guarded likewise
 #endif
 
   /// The cached plan for `key`, or a new one (with its workspace). Called
-  /// with core.enqueue_mu held and the device current.
+  /// with mu held and the device current.
   result<std::shared_ptr<fft_plan>> plan_for(const fft_plan_key& key);
+};
+
+struct fft_state {
+  fft_state(device d, completion c, std::size_t cache_size, lane_policy lp)
+      : dev(std::move(d)),
+        how(c),
+        plan_cache_size(cache_size),
+        lane_streams(lp.streams),
+        lanes(lp.max_lanes) {}
+  fft_state(const fft_state&) = delete;
+  fft_state& operator=(const fft_state&) = delete;
+
+  device dev;
+  const completion how;
+  const std::size_t plan_cache_size;  ///< per lane
+  const stream_policy lane_streams;
+  lane_set<fft_lane> lanes;
+
+  /// A new lane: only its stream (plans are made on first use).
+  result<std::unique_ptr<fft_lane>> make_lane() {
+    BOOST_OUTCOME_TRY(auto s, dev.acquire_stream(lane_streams, "cufft"));
+    return std::make_unique<fft_lane>(dev, std::move(s), plan_cache_size);
+  }
+  /// The lane for the next operation (lane_set::pick).
+  fft_lane& lane() {
+    return lanes.pick([this](std::size_t) { return make_lane(); });
+  }
 };
 
 namespace {
@@ -198,9 +233,9 @@ result<void> cufft_ok(cufftResult st, std::string_view call) {
 }
 }  // namespace
 
-result<std::shared_ptr<fft_plan>> fft_state::plan_for(const fft_plan_key& key) {
+result<std::shared_ptr<fft_plan>> fft_lane::plan_for(const fft_plan_key& key) {
   if (auto* p = plans.find(key)) return *p;
-  auto plan = std::make_shared<fft_plan>(core.dev);
+  auto plan = std::make_shared<fft_plan>(dev);
   BOOST_OUTCOME_TRY(cufft_ok(cufftCreate(&plan->handle), "cufftCreate"));
   plan->created = true;
   // The workspace comes from the device pool, so that its exhaustion is an
@@ -226,10 +261,9 @@ result<std::shared_ptr<fft_plan>> fft_state::plan_for(const fft_plan_key& key) {
                                      native_type(key.type), key.batch, &work),
                  "cufftMakePlanMany64"));
   }
-  BOOST_OUTCOME_TRY(
-      cufft_ok(cufftSetStream(plan->handle, core.strm.native_handle()), "cufftSetStream"));
+  BOOST_OUTCOME_TRY(cufft_ok(cufftSetStream(plan->handle, strm.native_handle()), "cufftSetStream"));
   if (work > 0) {
-    BOOST_OUTCOME_TRY(plan->workspace, core.dev.allocate<std::uint8_t>(work, core.strm));
+    BOOST_OUTCOME_TRY(plan->workspace, dev.allocate<std::uint8_t>(work, strm));
     BOOST_OUTCOME_TRY(std::uint8_t * w, plan->workspace.unsafe_data());
     BOOST_OUTCOME_TRY(cufft_ok(cufftSetWorkArea(plan->handle, w), "cufftSetWorkArea"));
   }
@@ -334,8 +368,8 @@ template <element In, element Out>
 asio::awaitable<result<gpu_ref<Out>>> execute(std::shared_ptr<fft_state> st, fft_shape shape,
                                               gpu_ref<In> in, gpu_ref<Out> out) {
   using tr = fft_traits<In, Out>;
-  BOOST_OUTCOME_CO_TRY(st->core.accepting());
-  BOOST_OUTCOME_CO_TRY(auto lay, check_fft_call(tr::op, shape, tr::kind, in, out, st->core.dev));
+  BOOST_OUTCOME_CO_TRY(st->dev.status());
+  BOOST_OUTCOME_CO_TRY(auto lay, check_fft_call(tr::op, shape, tr::kind, in, out, st->dev));
 #if !ATOMR_FFT_USE_CUBLAS
   if (shape.normalize)
     co_return make_error(errc::not_supported, std::string(tr::op) +
@@ -345,9 +379,10 @@ asio::awaitable<result<gpu_ref<Out>>> execute(std::shared_ptr<fft_state> st, fft
   const auto key = make_plan_key(shape, tr::type);
   const int dir = shape.direction == fft_direction::forward ? CUFFT_FORWARD : CUFFT_INVERSE;
   using keep_t = std::tuple<gpu_ref<In>, std::shared_ptr<fft_plan>, std::shared_ptr<fft_state>>;
+  fft_lane* lane = &st->lane();
   co_return co_await run_kernel(
-      "cufft", st->core.strm, st->how, out,
-      [st, shape, lay, key, dir, in, out](launch& l) -> result<keep_t> {
+      "cufft", lane->strm, st->how, out,
+      [st, lane, shape, lay, key, dir, in, out](launch& l) -> result<keep_t> {
         In* pin = nullptr;
         if constexpr (tr::kind == fft_kind::c2r) {
           // cuFFT's C2R uses its input as scratch: order it as a write.
@@ -358,8 +393,8 @@ asio::awaitable<result<gpu_ref<Out>>> execute(std::shared_ptr<fft_state> st, fft
           pin = const_cast<In*>(p);
         }
         BOOST_OUTCOME_TRY(Out * pout, l.write(out));
-        std::lock_guard lk(st->core.enqueue_mu);
-        BOOST_OUTCOME_TRY(auto plan, st->plan_for(key));
+        std::lock_guard lk(lane->mu);
+        BOOST_OUTCOME_TRY(auto plan, lane->plan_for(key));
         // Ordered as a write so that the pool frees the workspace only after
         // the last exec that used it; same stream, so no wait is added.
         if (!plan->workspace.empty()) {
@@ -368,19 +403,19 @@ asio::awaitable<result<gpu_ref<Out>>> execute(std::shared_ptr<fft_state> st, fft
         BOOST_OUTCOME_TRY(cufft_ok(tr::exec(plan->handle, pin, pout, dir), tr::call));
 #if ATOMR_FFT_USE_CUBLAS
         if (shape.normalize) {
-          if (!st->blas) {
+          if (!lane->blas) {
             cublasHandle_t h = nullptr;
             BOOST_OUTCOME_TRY(cublas_ok(cublasCreate(&h), "cublasCreate"));
             if (auto ok =
-                    cublas_ok(cublasSetStream(h, st->core.strm.native_handle()), "cublasSetStream");
+                    cublas_ok(cublasSetStream(h, lane->strm.native_handle()), "cublasSetStream");
                 !ok) {
               cublasDestroy(h);
               return ok.error();
             }
-            st->blas = h;
+            lane->blas = h;
           }
           BOOST_OUTCOME_TRY(
-              scale(st->blas, pout, lay.out_elems, 1.0 / static_cast<double>(lay.points)));
+              scale(lane->blas, pout, lay.out_elems, 1.0 / static_cast<double>(lay.points)));
         }
 #endif
         return keep_t{in, std::move(plan), st};
@@ -396,11 +431,12 @@ result<fft_actor> fft_actor::create(device dev, fft_options options) {
   if (!dev.options().libraries.cufft)
     return make_error(errc::not_supported,
                       "fft_actor::create: cuFFT is disabled in this device's library_set");
-  BOOST_OUTCOME_TRY(auto s,
-                    dev.acquire_stream(options.streams.value_or(dev.options().streams), "cufft"));
   const completion how = options.how.value_or(dev.options().default_completion);
-  return fft_actor(std::make_shared<detail::fft_state>(std::move(dev), std::move(s), how,
-                                                       options.plan_cache_size));
+  const auto lanes = detail::resolve_lanes(options.streams, options.max_lanes, dev.options());
+  auto st = std::make_shared<detail::fft_state>(dev, how, options.plan_cache_size, lanes);
+  BOOST_OUTCOME_TRY(auto first, st->make_lane());
+  st->lanes.install_first(std::move(first));
+  return fft_actor(std::move(st));
 }
 
 asio::awaitable<result<gpu_ref<fft_actor::c32>>> fft_actor::c2c(fft_shape shape, gpu_ref<c32> in,
@@ -429,26 +465,27 @@ asio::awaitable<result<gpu_ref<double>>> fft_actor::c2r(fft_shape shape, gpu_ref
 }
 
 fft_statistics fft_actor::statistics() const {
-  std::lock_guard lk(st_->core.enqueue_mu);
   fft_statistics s;
-  s.plan_hits = st_->plans.hits();
-  s.plan_misses = st_->plans.misses();
-  s.plan_evictions = st_->plans.evictions();
-  s.plans_cached = st_->plans.size();
-  s.plan_cache_size = st_->plans.capacity();
+  st_->lanes.for_each_locked([&](const detail::fft_lane& l) {
+    s.plan_hits += l.plans.hits();
+    s.plan_misses += l.plans.misses();
+    s.plan_evictions += l.plans.evictions();
+    s.plans_cached += l.plans.size();
+    ++s.lanes;
+  });
+  s.plan_cache_size = st_->plan_cache_size;
   return s;
 }
 
 void fft_actor::clear_plans() const {
-  std::lock_guard lk(st_->core.enqueue_mu);
-  st_->plans.clear();
+  st_->lanes.for_each_locked([](detail::fft_lane& l) { l.plans.clear(); });
 }
 
 const device& fft_actor::get_device() const noexcept {
-  return st_->core.dev;
+  return st_->dev;
 }
 const stream& fft_actor::get_stream() const noexcept {
-  return st_->core.strm;
+  return st_->lanes.first().strm;
 }
 
 }  // namespace atomr::cuda

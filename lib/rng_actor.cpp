@@ -139,7 +139,16 @@ result<void> check_rng_options(const rng_options& o) {
     return bad_argument(op, "offset",
                         "(" + std::to_string(o.offset) +
                             ") must be 0 for mtgp32: cuRAND cannot skip ahead in MTGP32");
-  return outcome::success();
+  return check_max_lanes(op, o.max_lanes);
+}
+
+bool rng_lanes_allowed(rng_kind k) noexcept {
+  return k == rng_kind::philox4_32_10;
+}
+
+std::uint64_t rng_sequence_span(std::size_t count, std::size_t value_bytes) noexcept {
+  const std::uint64_t per_value = value_bytes > 4 ? 2 : 1;
+  return static_cast<std::uint64_t>(count) * per_value;
 }
 
 result<void> check_rng_count(std::string_view op, rng_kind k, unsigned dimensions,
@@ -214,16 +223,53 @@ struct generator {
   curandGenerator_t gen = nullptr;
 };
 
-struct rng_state {
-  rng_state(device d, stream s, rng_kind k, unsigned dims, completion c)
-      : core(std::move(d), std::move(s)), kind(k), dimensions(dims), how(c) {}
+/// One lane of an rng_actor (docs/design.md, "One actor, several lanes"):
+/// a generator bound to the lane's stream.
+struct rng_lane : lane_base {
+  explicit rng_lane(stream s) noexcept : lane_base(std::move(s)) {}
+  std::shared_ptr<generator> gen;  // guarded by mu (MTGP32's set_seed replaces it)
+  std::uint64_t epoch = 0;         // several lanes: the seed epoch `gen` is seeded for; same guard
+};
 
-  actor_core core;
-  rng_kind kind;
-  unsigned dimensions;
-  completion how;
-  std::shared_ptr<generator> gen;  // guarded by core.enqueue_mu once published
-  std::uint64_t seed = 0;          // the last seed set (cuRAND's default is 0); same guard
+struct rng_state {
+  rng_state(device d, rng_kind k, unsigned dims, completion c, lane_policy lp)
+      : dev(std::move(d)),
+        kind(k),
+        dimensions(dims),
+        how(c),
+        lane_streams(lp.streams),
+        reserve(lp.max_lanes > 1),
+        lanes(lp.max_lanes) {}
+  rng_state(const rng_state&) = delete;
+  rng_state& operator=(const rng_state&) = delete;
+
+  device dev;
+  const rng_kind kind;
+  const unsigned dimensions;
+  const completion how;
+  const stream_policy lane_streams;
+  /// Several lanes (Philox only): every generation takes the next range of
+  /// the actor's one sequence (`next`) and sets its lane's generator to it
+  /// (curandSetGeneratorOffset). One lane: its generator moves on by itself,
+  /// as before lanes.
+  const bool reserve;
+  std::mutex seq_mu;
+  std::optional<std::uint64_t> seed;  ///< the last seed set (unset: cuRAND's default); seq_mu
+  std::uint64_t epoch = 0;            ///< several lanes: bumped by set_seed; seq_mu
+  std::uint64_t next = 0;             ///< several lanes: the next generation's offset; seq_mu
+  lane_set<rng_lane> lanes;
+
+  result<void> accepting() const { return dev.status(); }
+  /// A new lane: its stream and a generator seeded with the current seed.
+  result<std::unique_ptr<rng_lane>> make_lane();
+  /// The lane for the next operation (lane_set::pick).
+  rng_lane& lane() {
+    return lanes.pick([this](std::size_t) { return make_lane(); });
+  }
+  /// Several lanes: reserves the next `span` positions of the sequence and
+  /// points `l`'s generator at them (reseeding it first if set_seed ran
+  /// since it was last seeded). Lane lock held, device current.
+  result<void> position(rng_lane& l, std::uint64_t span);
 };
 
 namespace {
@@ -233,24 +279,24 @@ result<void> curand_ok(curandStatus_t st, std::string_view call) {
   return classify(st, call);
 }
 
-/// A generator of `st`'s kind on its stream, seeded, at `offset`. MTGP32 is
-/// restarted this way: reseeding an MTGP32 generator that has already
-/// produced numbers does not restart its sequence (seen on the H200 with
-/// cuRAND of CUDA 13), so set_seed and set_offset(0) build a fresh one.
-result<std::shared_ptr<generator>> make_generator(const rng_state& st,
+/// A generator of `st`'s kind on stream `on`, seeded (unless `seed` is
+/// unset: cuRAND's default), at `offset`. MTGP32 is restarted this way:
+/// reseeding an MTGP32 generator that has already produced numbers does not
+/// restart its sequence (seen on the H200 with cuRAND of CUDA 13), so
+/// set_seed and set_offset(0) build a fresh one.
+result<std::shared_ptr<generator>> make_generator(const rng_state& st, const stream& on,
                                                   std::optional<std::uint64_t> seed,
                                                   std::uint64_t offset) {
-  if (auto e = cudaSetDevice(st.core.dev.ordinal()); e != cudaSuccess)
+  if (auto e = cudaSetDevice(st.dev.ordinal()); e != cudaSuccess)
     return classify(e, "cudaSetDevice").tagged(k_lib);
-  auto g = std::make_shared<generator>(st.core.dev);
+  auto g = std::make_shared<generator>(st.dev);
   if (auto ok =
           curand_ok(curandCreateGenerator(&g->gen, native_kind(st.kind)), "curandCreateGenerator");
       !ok) {
     g->gen = nullptr;
     return ok.error();
   }
-  BOOST_OUTCOME_TRY(
-      curand_ok(curandSetStream(g->gen, st.core.strm.native_handle()), "curandSetStream"));
+  BOOST_OUTCOME_TRY(curand_ok(curandSetStream(g->gen, on.native_handle()), "curandSetStream"));
   if (seed) {
     BOOST_OUTCOME_TRY(curand_ok(curandSetPseudoRandomGeneratorSeed(g->gen, *seed),
                                 "curandSetPseudoRandomGeneratorSeed"));
@@ -266,25 +312,67 @@ result<std::shared_ptr<generator>> make_generator(const rng_state& st,
   return g;
 }
 
-/// Checks `out` and launches `call(gen, ptr, count)` under the enqueue lock.
+/// Checks `out` and launches `call(gen, ptr, count)` under the lane's lock;
+/// `span`: the positions of the sequence the call uses (rng_sequence_span).
 /// `pre` holds the pure argument checks' verdict, made before this is called.
 template <class T, class Call>
 asio::awaitable<result<gpu_ref<T>>> generate(std::shared_ptr<rng_state> st, std::string_view op,
                                              gpu_ref<T> out, result<void> pre, Call call,
                                              std::string_view call_name) {
-  if (auto ok = st->core.accepting(); !ok) co_return ok.error().tagged(k_lib);
-  if (auto ok = check_ref(op, "out", out, st->core.dev, 0); !ok) co_return ok.error().tagged(k_lib);
+  if (auto ok = st->accepting(); !ok) co_return ok.error().tagged(k_lib);
+  if (auto ok = check_ref(op, "out", out, st->dev, 0); !ok) co_return ok.error().tagged(k_lib);
   if (!pre) co_return pre.error().tagged(k_lib);
+  auto& lane = st->lane();
   co_return co_await run_kernel(
-      k_lib, st->core.strm, st->how, out, [&](launch& l) -> result<std::shared_ptr<generator>> {
+      k_lib, lane.strm, st->how, out, [&](launch& l) -> result<std::shared_ptr<generator>> {
         BOOST_OUTCOME_TRY(T * p, l.write(out));
-        std::lock_guard lock(st->core.enqueue_mu);
-        BOOST_OUTCOME_TRY(curand_ok(call(st->gen->gen, p, out.size()), call_name));
-        return st->gen;  // the generator (and its state memory) outlives the kernel
+        std::lock_guard lock(lane.mu);
+        if (st->reserve) {
+          BOOST_OUTCOME_TRY(st->position(lane, rng_sequence_span(out.size(), sizeof(T))));
+        }
+        BOOST_OUTCOME_TRY(curand_ok(call(lane.gen->gen, p, out.size()), call_name));
+        return lane.gen;  // the generator (and its state memory) outlives the kernel
       });
 }
 
 }  // namespace
+
+}  // namespace detail
+
+namespace detail {
+
+result<std::unique_ptr<rng_lane>> rng_state::make_lane() {
+  BOOST_OUTCOME_TRY(auto s, dev.acquire_stream(lane_streams, k_lib));
+  auto lane = std::make_unique<rng_lane>(std::move(s));
+  std::optional<std::uint64_t> sd;
+  {
+    std::lock_guard lk(seq_mu);
+    sd = seed;
+    lane->epoch = epoch;  // a set_seed after this reseeds it at its first generation
+  }
+  BOOST_OUTCOME_TRY(lane->gen, make_generator(*this, lane->strm, sd, 0));
+  return lane;
+}
+
+result<void> rng_state::position(rng_lane& l, std::uint64_t span) {
+  std::uint64_t start = 0, ep = 0;
+  std::optional<std::uint64_t> sd;
+  {
+    std::lock_guard lk(seq_mu);
+    start = next;
+    next += span;  // wraps after 2^64 positions, as cuRAND's offset does
+    ep = epoch;
+    sd = seed;
+  }
+  if (l.epoch != ep) {
+    if (sd) {
+      BOOST_OUTCOME_TRY(curand_ok(curandSetPseudoRandomGeneratorSeed(l.gen->gen, *sd),
+                                  "curandSetPseudoRandomGeneratorSeed"));
+    }
+    l.epoch = ep;
+  }
+  return curand_ok(curandSetGeneratorOffset(l.gen->gen, start), "curandSetGeneratorOffset");
+}
 
 }  // namespace detail
 
@@ -300,14 +388,20 @@ result<rng_actor> rng_actor::create(device dev, rng_options options) {
         .tagged(detail::k_lib);
   if (auto ok = detail::check_rng_options(options); !ok) return ok.error().tagged(detail::k_lib);
 
-  auto s = dev.acquire_stream(options.streams.value_or(dev.options().streams), "curand");
+  const completion how = options.how.value_or(dev.options().default_completion);
+  // Only Philox gets lanes: the others keep one generator (rng_options::max_lanes).
+  const auto lanes = detail::resolve_lanes(
+      options.streams, detail::rng_lanes_allowed(options.kind) ? options.max_lanes : 1,
+      dev.options());
+  auto st = std::make_shared<detail::rng_state>(dev, options.kind, options.dimensions, how, lanes);
+  st->seed = options.seed;
+  st->next = options.offset;
+  auto s = dev.acquire_stream(lanes.streams, detail::k_lib);
   if (!s) return s.error().tagged(detail::k_lib);
-  completion how = options.how.value_or(dev.options().default_completion);
-  auto st = std::make_shared<detail::rng_state>(dev, std::move(s).value(), options.kind,
-                                                options.dimensions, how);
-
-  BOOST_OUTCOME_TRY(st->gen, detail::make_generator(*st, options.seed, options.offset));
-  if (options.seed) st->seed = *options.seed;
+  auto first = std::make_unique<detail::rng_lane>(std::move(s).value());
+  BOOST_OUTCOME_TRY(first->gen,
+                    detail::make_generator(*st, first->strm, options.seed, options.offset));
+  st->lanes.install_first(std::move(first));
   return rng_actor(std::move(st));
 }
 
@@ -420,32 +514,59 @@ asio::awaitable<result<gpu_ref<std::uint64_t>>> rng_actor::raw(gpu_ref<std::uint
 }
 
 result<void> rng_actor::set_seed(std::uint64_t seed) const {
-  if (auto ok = st_->core.accepting(); !ok) return ok.error().tagged(detail::k_lib);
+  if (auto ok = st_->accepting(); !ok) return ok.error().tagged(detail::k_lib);
   if (auto ok = detail::check_rng_seed(st_->kind); !ok) return ok.error().tagged(detail::k_lib);
-  std::lock_guard lock(st_->core.enqueue_mu);
+  if (st_->reserve) {
+    // Each lane's generator is reseeded at its next generation (epoch).
+    std::lock_guard lk(st_->seq_mu);
+    st_->seed = seed;
+    ++st_->epoch;
+    st_->next = 0;
+    return outcome::success();
+  }
+  auto& lane = st_->lanes.first();  // the only one
+  std::lock_guard lock(lane.mu);
   if (st_->kind == rng_kind::mtgp32) {
-    BOOST_OUTCOME_TRY(st_->gen, detail::make_generator(*st_, seed, 0));
+    BOOST_OUTCOME_TRY(lane.gen, detail::make_generator(*st_, lane.strm, seed, 0));
   } else {
-    BOOST_OUTCOME_TRY(detail::curand_ok(curandSetPseudoRandomGeneratorSeed(st_->gen->gen, seed),
+    BOOST_OUTCOME_TRY(detail::curand_ok(curandSetPseudoRandomGeneratorSeed(lane.gen->gen, seed),
                                         "curandSetPseudoRandomGeneratorSeed"));
     BOOST_OUTCOME_TRY(
-        detail::curand_ok(curandSetGeneratorOffset(st_->gen->gen, 0), "curandSetGeneratorOffset"));
+        detail::curand_ok(curandSetGeneratorOffset(lane.gen->gen, 0), "curandSetGeneratorOffset"));
   }
+  std::lock_guard lk(st_->seq_mu);
   st_->seed = seed;
   return outcome::success();
 }
 
 result<void> rng_actor::set_offset(std::uint64_t offset) const {
-  if (auto ok = st_->core.accepting(); !ok) return ok.error().tagged(detail::k_lib);
+  if (auto ok = st_->accepting(); !ok) return ok.error().tagged(detail::k_lib);
   if (auto ok = detail::check_rng_offset(st_->kind, offset); !ok)
     return ok.error().tagged(detail::k_lib);
-  std::lock_guard lock(st_->core.enqueue_mu);
-  if (st_->kind == rng_kind::mtgp32) {  // offset 0: restart with the current seed
-    BOOST_OUTCOME_TRY(st_->gen, detail::make_generator(*st_, st_->seed, 0));
+  if (st_->reserve) {
+    std::lock_guard lk(st_->seq_mu);
+    st_->next = offset;
     return outcome::success();
   }
-  return detail::curand_ok(curandSetGeneratorOffset(st_->gen->gen, offset),
+  auto& lane = st_->lanes.first();  // the only one
+  std::lock_guard lock(lane.mu);
+  if (st_->kind == rng_kind::mtgp32) {  // offset 0: restart with the current seed
+    std::optional<std::uint64_t> sd;
+    {
+      std::lock_guard lk(st_->seq_mu);
+      sd = st_->seed;
+    }
+    BOOST_OUTCOME_TRY(lane.gen, detail::make_generator(*st_, lane.strm, sd, 0));
+    return outcome::success();
+  }
+  return detail::curand_ok(curandSetGeneratorOffset(lane.gen->gen, offset),
                            "curandSetGeneratorOffset");
+}
+
+rng_statistics rng_actor::statistics() const {
+  rng_statistics s;
+  s.lanes = st_->lanes.size();
+  return s;
 }
 
 rng_kind rng_actor::kind() const noexcept {
@@ -455,10 +576,10 @@ unsigned rng_actor::dimensions() const noexcept {
   return st_->dimensions;
 }
 const device& rng_actor::get_device() const noexcept {
-  return st_->core.dev;
+  return st_->dev;
 }
 const stream& rng_actor::get_stream() const noexcept {
-  return st_->core.strm;
+  return st_->lanes.first().strm;
 }
 const completion& rng_actor::how() const noexcept {
   return st_->how;

@@ -14,6 +14,11 @@ exist (a missing or unreadable one is skipped with a note on stderr):
                    and one actor (stream) per torch stream (atomr-bench-throughput
                    --threads 1 --actors 8): what is compared with torch's eight
                    streams from one Python thread; not a throughput-target row
+  throughput_one_actor.json  the same shape, from one actor with default options
+                   shared by every io thread (atomr-bench-throughput --actors 1
+                   --default-actor): added to the throughput section as rows with
+                   "config": "one_actor" (each against the raw ceiling of its own
+                   run), judged by their own target (one_actor_vs_ceiling: T = 8)
 
 each with "device", "date" and "command". Writes summary.json and summary.md
 (the Markdown also goes to stdout) and evaluates the targets of issue 5.
@@ -43,6 +48,10 @@ SGEMM_OVERHEAD_US = 1.5  # default strategy, sgemm: max(1.5 us, 2% of raw)
 SGEMM_OVERHEAD_FRACTION = 0.02
 THROUGHPUT_FRACTION = 0.90  # of the raw ceiling, sgemm64 and sgemm256, each T
 THROUGHPUT_WORKS = ("sgemm64", "sgemm256")
+# One default actor shared by every io thread (issue 18 item 11): >= 90% of
+# the raw ceiling at T = 8 for every small workload.
+ONE_ACTOR_WORKS = ("sgemm64", "sgemm256", "fft4096", "rng1M")
+ONE_ACTOR_THREADS = 8
 LARGE_RATIO = 1.01  # lib within 1% of raw
 TORCH_FACTOR = 3.0  # ours >= 3x torch, every small workload, T = 1
 LONG_WAIT_CPU_PERCENT = 25.0
@@ -53,6 +62,7 @@ SOURCES = (
     ("large", "large.json"),
     ("peer", "torch_peer.json"),
     ("streams", "throughput_streams.json"),
+    ("one_actor", "throughput_one_actor.json"),
 )
 
 
@@ -153,7 +163,12 @@ def summarise(docs, directory):
     # threads) and, separately, one io thread driving several actors (streams).
     throughput = throughput_rows(docs, "throughput", "throughput.json")
     multi = throughput_rows(docs, "streams", "throughput_streams.json")
-    out["throughput"] = throughput
+    # One default actor shared by every io thread: rows of their own kind in
+    # the throughput section (each against the raw ceiling of its own run).
+    one_actor = throughput_rows(docs, "one_actor", "throughput_one_actor.json")
+    for r in one_actor:
+        r["config"] = "one_actor"
+    out["throughput"] = throughput + one_actor
     out["throughput_streams"] = multi
 
     # Large operations.
@@ -256,6 +271,11 @@ def throughput_rows(docs, key, path):
             "raw_ceiling_ops_per_s": ceil,
             "fraction_of_ceiling": ops / ceil if ops is not None and ceil else None,
         }
+        # Lanes (one actor, several streams; since issue 18): what the actors
+        # were made with and how many lanes they had made by the end.
+        for extra in ("default_actor", "max_lanes", "lanes"):
+            if extra in r:
+                row[extra] = r[extra]
         # Paired rounds (atomr-bench-throughput --rounds): the fraction is
         # the median of the per-round ratios of adjacent windows, not the
         # ratio of the two sides' separate medians.
@@ -316,6 +336,8 @@ def targets(s):
     # 2. Throughput against the raw ceiling, best coroutine count at each T.
     best = {}
     for r in s["throughput"]:
+        if r.get("config") == "one_actor":
+            continue  # judged below
         if r["work"] not in THROUGHPUT_WORKS or r["fraction_of_ceiling"] is None:
             continue
         if r.get("actors") not in (None, r["io_threads"]):
@@ -331,6 +353,27 @@ def targets(s):
     t["throughput_vs_ceiling"] = target(
         "ops_per_s >= 90% of raw_ceiling_ops_per_s for sgemm64 and sgemm256 at each io_threads "
         "(best coroutine count)", "fraction", checks)
+
+    # 2b. One default actor shared by every io thread, against the raw
+    # ceiling of the same run (best coroutine count); only when measured.
+    one = [r for r in s["throughput"] if r.get("config") == "one_actor"]
+    if one:
+        best = {}
+        for r in one:
+            if r["io_threads"] != ONE_ACTOR_THREADS or r["fraction_of_ceiling"] is None:
+                continue
+            if r["work"] not in best or r["fraction_of_ceiling"] > best[r["work"]]["fraction_of_ceiling"]:
+                best[r["work"]] = r
+        checks = []
+        for work in ONE_ACTOR_WORKS:
+            r = best.get(work)
+            m = r["fraction_of_ceiling"] if r else None
+            checks.append(check(m, THROUGHPUT_FRACTION, m is not None and m >= THROUGHPUT_FRACTION,
+                                work=work, io_threads=ONE_ACTOR_THREADS))
+        t["one_actor_vs_ceiling"] = target(
+            "one actor with default options shared by 8 io threads: ops_per_s >= 90% of "
+            "raw_ceiling_ops_per_s (8 raw threads, same run) for sgemm64, sgemm256, fft4096 and "
+            "rng1M (best coroutine count)", "fraction", checks)
 
     # 3. Large operations within 1% of the raw call.
     # Rows marked library_default: false run the library in an opt-in
@@ -408,28 +451,39 @@ def markdown(s):
     md += ["", f"CPU: idle {fmt(s['idle_cpu_percent'])}%, during a long wait "
                f"{fmt(s['long_wait_cpu_percent'])}% of one core.", ""]
 
-    md += ["**Throughput** (small operations; T = io threads)", ""]
-    if s["throughput"]:
-        def pct(x):
-            return "n/a" if x is None else f"{100 * x:.1f}%"
+    def pct(x):
+        return "n/a" if x is None else f"{100 * x:.1f}%"
 
-        def spread(r):
-            f = [num(x) for x in r.get("round_fractions", [])]
-            f = [x for x in f if x is not None]
-            return f"{pct(min(f))} .. {pct(max(f))} ({len(f)})" if f else "-"
+    def spread(r):
+        f = [num(x) for x in r.get("round_fractions", [])]
+        f = [x for x in f if x is not None]
+        return f"{pct(min(f))} .. {pct(max(f))} ({len(f)})" if f else "-"
 
+    per_thread = [r for r in s["throughput"] if r.get("config") != "one_actor"]
+    one_actor = [r for r in s["throughput"] if r.get("config") == "one_actor"]
+    md += ["**Throughput** (small operations; T = io threads, one actor per io thread)", ""]
+    if per_thread:
         md += table(["work", "T", "coroutines", "ops/s", "raw ceiling ops/s", "of ceiling",
                      "per round: min .. max (rounds)"],
                     [[r["work"], r["io_threads"], r["coroutines"], fmt(r["ops_per_s"]),
                       fmt(r["raw_ceiling_ops_per_s"]), pct(r["fraction_of_ceiling"]), spread(r)]
-                     for r in s["throughput"]])
-        if any(r.get("rounds") for r in s["throughput"]):
+                     for r in per_thread])
+        if any(r.get("rounds") for r in per_thread):
             md += ["", "Paired rounds: each round is an ours window and the raw window right "
                    "after it; \"of ceiling\" is the median of the rounds' ratios, ops/s and the "
                    "ceiling are the medians of each side."]
     else:
         md.append("no throughput results")
     md.append("")
+    if one_actor:
+        md += ["**One default actor** (one actor with default options shared by T io threads; "
+               "lanes made on demand; against T raw threads of the same run)", ""]
+        md += table(["work", "T", "coroutines", "lanes", "ops/s", "raw ceiling ops/s",
+                     "of ceiling", "per round: min .. max (rounds)"],
+                    [[r["work"], r["io_threads"], r["coroutines"], r.get("lanes", "n/a"),
+                      fmt(r["ops_per_s"]), fmt(r["raw_ceiling_ops_per_s"]),
+                      pct(r["fraction_of_ceiling"]), spread(r)] for r in one_actor])
+        md.append("")
 
     md += ["**Large operations** (library vs the raw call, medians)", ""]
     if s["large"]:

@@ -12,7 +12,7 @@ build=${BUILD:-build-gpu}
   { tail -20 "$out/bench-setup.log"; exit 1; }
 ninja -C "$build" >"$out/bench-build.log" 2>&1 || { tail -30 "$out/bench-build.log"; exit 1; }
 rc=0
-for b in ${BENCHES:-latency throughput streams large torch}; do
+for b in ${BENCHES:-latency throughput one_actor streams large torch}; do
   echo "=== $b"
   case $b in
     torch) cmd=(python3 bench/peers/torch_small.py --json "$out/torch_peer.json") ;;
@@ -25,6 +25,10 @@ for b in ${BENCHES:-latency throughput streams large torch}; do
     # slow stretch moved the sgemm 64 median at T = 8 by ~0.1 (docs/performance.md).
     throughput) cmd=("$build/bench/atomr-bench-throughput" --rounds 9 ${BENCH_ARGS:-}
                      --json "$out/throughput.json") ;;
+    # One actor with default options shared by every io thread, as users
+    # write it (lanes made on demand), against the same raw ceiling.
+    one_actor) cmd=("$build/bench/atomr-bench-throughput" --actors 1 --default-actor --rounds 9
+                    ${BENCH_ARGS:-} --json "$out/throughput_one_actor.json") ;;
     *) cmd=("$build/bench/atomr-bench-$b" ${BENCH_ARGS:-} --json "$out/$b.json") ;;
   esac
   echo "${cmd[*]}" | sed "s|$out/|bench/results/|g" >>"$out/command.txt"

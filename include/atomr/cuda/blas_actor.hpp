@@ -1,5 +1,6 @@
-// blas_actor: cuBLAS behind an actor. One handle bound once to one stream;
-// every argument checked before any library call; every operation an awaitable.
+// blas_actor: cuBLAS behind an actor. Lanes made on demand, each a handle
+// bound once to a stream of its own; every argument checked before any
+// library call; every operation an awaitable.
 #pragma once
 
 #include <atomr/cuda/completion.hpp>
@@ -27,7 +28,10 @@ enum class blas_op : std::uint8_t {
 
 /// Settings of one blas_actor.
 struct blas_options {
-  /// How the actor's one stream is chosen; default: the device's policy.
+  /// How the lanes' streams are chosen. Unset: a fresh stream per lane
+  /// (stream_policy::per_actor_fresh), or the device's policy when max_lanes
+  /// is 1 or the device's policy is single. single and per_actor_shared
+  /// allow one lane, pooled at most device_options::stream_pool_size.
   std::optional<stream_policy> streams{};
   /// TF32 tensor-core math for f32 (CUBLAS_TF32_TENSOR_OP_MATH). Off: pedantic
   /// math (CUBLAS_PEDANTIC_MATH), so f32 results are exact to ~1e-6.
@@ -54,9 +58,17 @@ struct blas_options {
   /// on first use). A shape cuBLASLt has no algorithm for, an empty one, or
   /// a workspace that could not be made falls back to cublasSgemm.
   bool lt_matmul = true;
+  /// The most lanes (a stream, a cuBLAS handle bound to it, its workspace
+  /// and caches each) the actor may make. It starts with one and adds one
+  /// when an operation finds every lane busy (a few ms, once), so that
+  /// operations from several threads launch in parallel (docs/design.md,
+  /// "One actor, several lanes"). 0: the device's launch_threads (8 by
+  /// default; 8 without launch threads). 1: one handle on one stream, as
+  /// before lanes. At most 64.
+  std::size_t max_lanes = 0;
 };
 
-/// A snapshot of an actor's recorded gemm calls.
+/// A snapshot of an actor's counts, summed over its lanes.
 struct blas_statistics {
   std::uint64_t gemm_graph_records = 0;   ///< gemm calls recorded into a CUDA graph
   std::uint64_t gemm_graph_launches = 0;  ///< gemm calls run as a recorded graph
@@ -65,6 +77,7 @@ struct blas_statistics {
   std::uint64_t gemm_lt_calls = 0;      ///< f32 gemm calls made through cublasLtMatmul
   std::uint64_t gemm_lt_plans = 0;      ///< cuBLASLt algorithm choices made (cached after)
   std::uint64_t gemm_lt_fallbacks = 0;  ///< f32 gemm calls cuBLASLt could not take
+  std::size_t lanes = 0;                ///< lanes made so far (blas_options::max_lanes)
 };
 
 /// C = alpha * op(A) * op(B) + beta * C, with op(A) m x k, op(B) k x n, C m x n.
@@ -105,6 +118,10 @@ struct gemv_params {
 namespace detail {
 
 struct blas_state;
+
+/// max_lanes at most 64, else invalid_argument naming it; no CUDA call.
+/// create() checks its options with this first.
+result<void> check_blas_options(const blas_options& o);
 
 // Pure argument checks (no GPU): each returns the values cuBLAS gets, or
 // invalid_argument naming the operation and the bad argument. Sizes are the
@@ -155,30 +172,44 @@ result<void> check_disjoint(std::string_view op, std::string_view out, std::size
 
 }  // namespace detail
 
-/// cuBLAS on one device: one handle, bound once to one stream (by the stream
-/// policy) in host pointer mode. A copyable handle: copies share the cuBLAS
-/// handle. Operations may be awaited from any number of threads; enqueues are
-/// serialised by a mutex held only during the synchronous cuBLAS calls, never
-/// while the GPU runs. Every operation checks its arguments before any GPU
-/// call (invalid_argument naming the argument) and fails fast with the
-/// device's error once it no longer accepts work. Buffers are taken by value
-/// and kept alive until the GPU is done with them.
+/// cuBLAS on one device, in lanes: each lane is a cuBLAS handle bound once
+/// to a stream of its own (host pointer mode), with its own workspace and
+/// caches. The actor starts with one lane and makes another (up to
+/// blas_options::max_lanes) when an operation finds every lane busy, so one
+/// actor shared by many io threads launches on as many streams. A copyable
+/// handle: copies share the lanes. Operations may be awaited from any number
+/// of threads; each lane's enqueues are serialised by a mutex held only
+/// during the synchronous cuBLAS calls, never while the GPU runs. Ordering
+/// is per buffer: an operation waits on the GPU for earlier work on its
+/// buffers from other lanes (cudaStreamWaitEvent), so an operation awaited
+/// before the next one is issued is seen by it whichever lanes they ran on.
+/// Every operation checks its arguments before any GPU call
+/// (invalid_argument naming the argument) and fails fast with the device's
+/// error once it no longer accepts work. Buffers are taken by value and kept
+/// alive until the GPU is done with them.
 ///
-/// The handle is destroyed (cublasDestroy, which synchronises the device)
+/// The handles are destroyed (cublasDestroy, which synchronises the device)
 /// with the last copy and the last operation in flight; never once the
 /// device is poisoned.
 class blas_actor {
 public:
-  /// device_unavailable without a usable device; not_supported when the device's
-  /// library_set disables cuBLAS; the cuBLAS error of cublasCreate otherwise.
+  /// Makes the first lane (its stream, cublasCreate: a few ms).
+  /// invalid_argument for bad options (before anything else);
+  /// device_unavailable without a usable device; not_supported when the
+  /// device's library_set disables cuBLAS; the cuBLAS error of cublasCreate
+  /// otherwise.
   static result<blas_actor> create(device dev, blas_options options = {});
 
   const device& get_device() const noexcept;
+  /// The first lane's stream. With more than one lane, operations may run on
+  /// the others' streams too (their buffers are ordered by events).
   const stream& get_stream() const noexcept;
   const completion& get_completion() const noexcept;
   bool tf32() const noexcept;
-  /// Switches TF32 math for later f32 operations (no GPU work).
+  /// Switches TF32 math for later f32 operations (no GPU work): sets it on
+  /// every lane's handle (cublasSetMathMode, taking each lane's lock briefly).
   result<void> set_tf32(bool on);
+  /// Sums over the lanes; takes each lane's lock briefly.
   blas_statistics statistics() const;
 
   // Each yields its output buffer (C or y or x) once the GPU has finished.

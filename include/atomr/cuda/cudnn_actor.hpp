@@ -93,15 +93,17 @@ std::string_view to_string(conv_api a) noexcept;
 
 /// How a cudnn_actor is created.
 struct cudnn_options {
-  /// The stream policy for the actor's one stream (owner name "cudnn");
-  /// the device's default policy when empty.
+  /// How the lanes' streams are chosen (owner name "cudnn"). Unset: a fresh
+  /// stream per lane (stream_policy::per_actor_fresh), or the device's
+  /// policy when max_lanes is 1 or the device's policy is single. single and
+  /// per_actor_shared allow one lane, pooled at most stream_pool_size.
   std::optional<stream_policy> streams{};
   /// Completion strategy for every operation; the device's default when empty.
   std::optional<completion> how{};
-  /// The largest convolution workspace the actor may own, in bytes:
+  /// The largest convolution workspace one lane may own, in bytes:
   /// algorithms needing more are skipped (not_supported if none is left).
   std::size_t workspace_limit = std::size_t{256} << 20;
-  /// Convolution algorithm choices kept (per shape key); at least 1.
+  /// Convolution algorithm choices kept per lane (per shape key); at least 1.
   std::size_t algo_cache_size = 64;
   /// The API convolutions run on.
   conv_api convolution_api = conv_api::graph;
@@ -109,9 +111,17 @@ struct cudnn_options {
   /// is recorded into a CUDA graph, and later runs on those buffers launch
   /// it (cudaGraphLaunch instead of cudnnBackendExecute's host work).
   bool cuda_graphs = true;
+  /// The most lanes (a stream, a cuDNN handle bound to it, its plans and
+  /// workspace each) the actor may make. It starts with one and adds one
+  /// when an operation finds every lane busy, so that operations from
+  /// several threads launch in parallel (docs/design.md, "One actor, several
+  /// lanes"); a lane makes its handle and plans on first use. 0: the
+  /// device's launch_threads (8 by default; 8 without launch threads). 1:
+  /// one handle on one stream, as before lanes. At most 64.
+  std::size_t max_lanes = 0;
 };
 
-/// A snapshot of an actor's algorithm cache and workspace.
+/// A snapshot of an actor's algorithm caches and workspaces, summed over its lanes.
 struct cudnn_statistics {
   std::uint64_t algo_hits = 0;    ///< convolutions that found their algorithm cached
   std::uint64_t algo_misses = 0;  ///< convolutions that ran the heuristics
@@ -125,6 +135,7 @@ struct cudnn_statistics {
   std::uint64_t cuda_graph_records = 0;   ///< convolutions recorded into a CUDA graph
   std::uint64_t cuda_graph_launches = 0;  ///< convolutions run as a recorded CUDA graph
   std::uint64_t cuda_graph_failures = 0;  ///< recordings that failed (the plan then executes)
+  std::size_t lanes = 0;                  ///< lanes made so far (cudnn_options::max_lanes)
 };
 
 namespace detail {
@@ -173,7 +184,8 @@ result<void> check_activation(std::string_view op, const activation_params& p);
 result<void> check_softmax(std::string_view op, softmax_algorithm a);
 /// Finite and >= CUDNN_BN_MIN_EPSILON (and > 0: a zero variance would divide by zero).
 result<void> check_batchnorm_epsilon(std::string_view op, double epsilon);
-/// workspace_limit (any), algo_cache_size >= 1, a known convolution_api.
+/// workspace_limit (any), algo_cache_size >= 1, a known convolution_api,
+/// max_lanes at most 64.
 result<void> check_cudnn_options(const cudnn_options& o);
 
 /// What a convolution's algorithm is cached by.
@@ -192,24 +204,30 @@ struct cudnn_state;
 
 }  // namespace detail
 
-/// One cuDNN user: a copyable handle over a shared state (its device, one
-/// stream chosen by the stream policy, one cuDNN handle bound to that stream,
-/// a cache of convolution algorithms and one workspace).
+/// One cuDNN user: a copyable handle over a shared state (its device and its
+/// lanes: each a stream, a cuDNN handle bound to it, a cache of convolution
+/// algorithms and a workspace). The actor starts with one lane and makes
+/// another (up to cudnn_options::max_lanes) when an operation finds every
+/// lane busy, so one actor shared by many io threads launches on as many
+/// streams.
 ///
 /// Every operation checks all its arguments before any GPU call
 /// (invalid_argument naming the argument), fails at once when the device no
-/// longer accepts work, then enqueues through run_kernel; the enqueue lock is
-/// held only around the synchronous cuDNN calls. Descriptors and the
+/// longer accepts work, then enqueues through run_kernel; the lane's enqueue
+/// lock is held only around the synchronous cuDNN calls. Descriptors and the
 /// workspace an operation used live in its keep-alive until the GPU is done.
+/// Ordering is per buffer (events across lanes): an operation awaited before
+/// the next one is issued is seen by it.
 /// f32 convolutions use FMA math only (no TF32); f16 ones may use tensor cores
 /// and accumulate in f32. Outputs are written whole and out of place.
 ///
 /// Thread safety: all members may be called from any thread.
 class cudnn_actor {
 public:
-  /// An actor on `dev`: acquires its stream (the cuDNN handle is created on
-  /// first use). invalid_argument for bad options, device_unavailable when the
-  /// device does not accept work, not_supported when its library_set disables cuDNN.
+  /// An actor on `dev`: acquires its first lane's stream (the cuDNN handle
+  /// is created on first use). invalid_argument for bad options (before
+  /// anything else), device_unavailable when the device does not accept
+  /// work, not_supported when its library_set disables cuDNN.
   static result<cudnn_actor> create(device dev, cudnn_options options = {});
 
   /// y = conv2d(x, filter) (+ bias[k] when `bias` is not empty). x has
@@ -252,11 +270,13 @@ public:
       tensor_shape shape, double epsilon, gpu_ref<half> x, gpu_ref<float> scale,
       gpu_ref<float> bias, gpu_ref<float> mean, gpu_ref<float> var, gpu_ref<half> y) const;
 
-  /// Algorithm cache and workspace counts. Takes the enqueue lock briefly; no GPU call.
+  /// Algorithm cache and workspace counts, summed over the lanes. Takes each
+  /// lane's lock briefly; no GPU call.
   cudnn_statistics statistics() const;
 
   const device& get_device() const noexcept;
-  /// The stream every operation of this actor runs on.
+  /// The first lane's stream. With more than one lane, operations may run on
+  /// the others' streams too (their buffers are ordered by events).
   const stream& get_stream() const noexcept;
 
   explicit cudnn_actor(std::shared_ptr<detail::cudnn_state> st) noexcept : st_(std::move(st)) {}

@@ -51,30 +51,41 @@ struct fft_shape {
   /// Scale the output of this transform by 1/N, N = dims[0]*...*dims[rank-1]
   /// (cuFFT itself never normalises). The usual choice is to set it on the
   /// inverse, so that inverse(forward(x)) == x; it applies to whichever
-  /// direction is asked for. Done on the GPU by cuBLAS (?scal on the actor's
-  /// stream, right after the transform); not_supported if cuBLAS is not linked.
+  /// direction is asked for. Done on the GPU by cuBLAS (?scal on the
+  /// transform's stream, right after it); not_supported if cuBLAS is not linked.
   bool normalize = false;
 };
 
 /// How an fft_actor is created.
 struct fft_options {
-  /// The stream policy for the actor's one stream (owner name "cufft");
-  /// the device's default policy when empty.
+  /// How the lanes' streams are chosen (owner name "cufft"). Unset: a fresh
+  /// stream per lane (stream_policy::per_actor_fresh), or the device's
+  /// policy when max_lanes is 1 or the device's policy is single. single and
+  /// per_actor_shared allow one lane, pooled at most stream_pool_size.
   std::optional<stream_policy> streams{};
   /// Completion strategy for every operation; the device's default when empty.
   std::optional<completion> how{};
-  /// Plans kept (each with its workspace); at least 1. The least recently
-  /// used plan is evicted beyond it (it lives on until its last exec ends).
+  /// Plans kept per lane (each with its workspace); at least 1. The least
+  /// recently used plan of a lane is evicted beyond it (it lives on until
+  /// its last exec ends).
   std::size_t plan_cache_size = 16;
+  /// The most lanes (a stream with its own plans each) the actor may make.
+  /// It starts with one and adds one when a transform finds every lane busy,
+  /// so that transforms from several threads launch in parallel
+  /// (docs/design.md, "One actor, several lanes"); a lane makes its own
+  /// plans on first use. 0: the device's launch_threads (8 by default; 8
+  /// without launch threads). 1: one stream, as before lanes. At most 64.
+  std::size_t max_lanes = 0;
 };
 
-/// A snapshot of an actor's plan cache.
+/// A snapshot of an actor's plan caches, summed over its lanes.
 struct fft_statistics {
   std::uint64_t plan_hits = 0;       ///< executions that found their plan cached
   std::uint64_t plan_misses = 0;     ///< executions that had to create a plan
   std::uint64_t plan_evictions = 0;  ///< plans dropped from the cache (LRU)
   std::size_t plans_cached = 0;
-  std::size_t plan_cache_size = 0;  ///< the bound
+  std::size_t plan_cache_size = 0;  ///< the bound, per lane
+  std::size_t lanes = 0;            ///< lanes made so far (fft_options::max_lanes)
 };
 
 namespace detail {
@@ -120,7 +131,7 @@ result<void> check_fft_size(std::string_view op, std::string_view arg, std::size
 result<void> check_no_overlap(std::string_view op, bool same_allocation, std::size_t a,
                               std::size_t a_bytes, std::size_t b, std::size_t b_bytes);
 
-/// Checks fft_options::plan_cache_size (>= 1).
+/// Checks fft_options::plan_cache_size (>= 1) and max_lanes (<= 64).
 result<void> check_fft_options(const fft_options& o);
 
 /// Every check of one call, in order: the shape, then each buffer (empty,
@@ -145,18 +156,23 @@ struct fft_state;
 
 }  // namespace detail
 
-/// One cuFFT user: a copyable handle over a shared state (its device, one
-/// stream chosen by the stream policy, a plan cache and, once a normalised
-/// transform is asked for, a cuBLAS handle bound to the same stream).
+/// One cuFFT user: a copyable handle over a shared state (its device and its
+/// lanes: each a stream, a plan cache whose plans are bound to that stream
+/// and, once a normalised transform is asked for, a cuBLAS handle bound to
+/// the same stream). The actor starts with one lane and makes another (up
+/// to fft_options::max_lanes) when a transform finds every lane busy, so
+/// one actor shared by many io threads launches on as many streams.
 ///
 /// Every operation checks all its arguments before any GPU call
 /// (invalid_argument naming the argument), fails at once when the device no
-/// longer accepts work, then enqueues through run_kernel: the plan is looked
-/// up (or created, with its workspace from the device pool) and executed
-/// under the actor's enqueue lock, which is released before the wait, so
-/// the next request enqueues while this transform runs. Plans evicted from
-/// the cache live until every transform that used them has finished.
-/// Transforms are out of place; the output is written whole.
+/// longer accepts work, then enqueues through run_kernel: the lane's plan is
+/// looked up (or created, with its workspace from the device pool) and
+/// executed under the lane's enqueue lock, which is released before the
+/// wait, so the next request enqueues while this transform runs. Plans
+/// evicted from the cache live until every transform that used them has
+/// finished. Ordering is per buffer (events across lanes): a transform
+/// awaited before the next operation is issued is seen by it. Transforms
+/// are out of place; the output is written whole.
 ///
 /// Thread safety: all members may be called from any thread, by coroutines
 /// on io_contexts run by several threads. Parameters are plain values.
@@ -165,10 +181,10 @@ public:
   using c32 = std::complex<float>;
   using c64 = std::complex<double>;
 
-  /// An actor on `dev`: acquires its stream (no other GPU call; plans are made
-  /// on first use). invalid_argument for bad options, device_unavailable when
-  /// the device does not accept work, not_supported when the device's
-  /// library_set disables cuFFT.
+  /// An actor on `dev`: acquires its first lane's stream (no other GPU call;
+  /// plans are made on first use). invalid_argument for bad options (before
+  /// anything else), device_unavailable when the device does not accept
+  /// work, not_supported when the device's library_set disables cuFFT.
   static result<fft_actor> create(device dev, fft_options options = {});
 
   /// Complex to complex, single precision (cufftExecC2C). Yields `out`.
@@ -193,13 +209,16 @@ public:
   asio::awaitable<result<gpu_ref<double>>> c2r(fft_shape shape, gpu_ref<c64> in,
                                                gpu_ref<double> out) const;
 
-  /// Plan cache counts. Takes the enqueue lock briefly; no GPU call.
+  /// Plan cache counts, summed over the lanes. Takes each lane's lock
+  /// briefly; no GPU call.
   fft_statistics statistics() const;
-  /// Drops every cached plan (each lives on until its last exec ended).
+  /// Drops every cached plan of every lane (each lives on until its last
+  /// exec ended).
   void clear_plans() const;
 
   const device& get_device() const noexcept;
-  /// The stream every transform of this actor runs on.
+  /// The first lane's stream. With more than one lane, transforms may run
+  /// on the others' streams too (their buffers are ordered by events).
   const stream& get_stream() const noexcept;
 
   explicit fft_actor(std::shared_ptr<detail::fft_state> st) noexcept : st_(std::move(st)) {}

@@ -44,10 +44,31 @@ struct rng_options {
   /// are laid out dimension by dimension (count/dimensions values each).
   /// Pseudo-random generators accept only 1.
   unsigned dimensions = 1;
-  /// The stream the generator is bound to; unset: the device's policy.
+  /// How the lanes' streams are chosen. Unset: a fresh stream per lane
+  /// (stream_policy::per_actor_fresh), or the device's policy when the actor
+  /// has one lane (max_lanes 1, a generator other than Philox) or the
+  /// device's policy is single. single and per_actor_shared allow one lane,
+  /// pooled at most stream_pool_size.
   std::optional<stream_policy> streams{};
   /// How completion is awaited; unset: the device's default strategy.
   std::optional<completion> how{};
+  /// The most lanes (a stream and a generator bound to it each) the actor
+  /// may make; it starts with one and adds one when an operation finds every
+  /// lane busy (docs/design.md, "One actor, several lanes"). 0: the device's
+  /// launch_threads (8 by default; 8 without launch threads). 1: one
+  /// generator, as before lanes. At most 64. Only Philox (the default) gets
+  /// more than one lane: its lanes share the actor's one sequence by
+  /// setting their generator's offset to the range each operation reserves,
+  /// which is cheap for a counter-based generator. Every other kind keeps one
+  /// generator whatever this says: XORWOW and MRG32k3a would rebuild their
+  /// state at every offset change, MTGP32 cannot skip ahead, and the Sobol
+  /// generators' points are laid out by dimension.
+  std::size_t max_lanes = 0;
+};
+
+/// A snapshot of an rng_actor's counts.
+struct rng_statistics {
+  std::size_t lanes = 0;  ///< lanes made so far (rng_options::max_lanes)
 };
 
 namespace detail {
@@ -67,8 +88,15 @@ bool is_64bit(rng_kind k) noexcept;
 // and the argument. They are what rng_actor runs before any cuRAND call.
 
 /// kind in range; seed only for pseudo-random; dimensions 1..20000 (1 for
-/// pseudo-random); offset 0 for MTGP32.
+/// pseudo-random); offset 0 for MTGP32; max_lanes at most 64.
 result<void> check_rng_options(const rng_options& o);
+/// True for the generators that may have several lanes (Philox).
+bool rng_lanes_allowed(rng_kind k) noexcept;
+/// Positions (32-bit values) of a pseudo-random sequence that generating
+/// `count` values of `value_bytes` bytes each uses: one per 32-bit value,
+/// two per double (cuRAND makes a double from two 32-bit values). An actor
+/// with several lanes reserves this much of its sequence per operation.
+std::uint64_t rng_sequence_span(std::size_t count, std::size_t value_bytes) noexcept;
 /// set_seed: only pseudo-random generators have a seed.
 result<void> check_rng_seed(rng_kind k);
 /// set_offset: MTGP32 cannot skip ahead (only 0 is accepted).
@@ -88,23 +116,39 @@ result<void> check_rng_raw_bits(std::string_view op, rng_kind k, unsigned bits);
 
 }  // namespace detail
 
-/// One cuRAND generator bound once to one stream of one device. A copyable
-/// handle: copies share the generator, whose calls are serialised (the lock is
-/// held only around the synchronous cuRAND call, never while the GPU works).
-/// Several rng_actors may exist, each with its own generator and stream.
+/// cuRAND on one device: one random sequence per seed, made by generators
+/// each bound once to a stream of its own (lanes). A copyable handle: copies
+/// share the generators, whose calls are serialised per lane (the lock is
+/// held only around the synchronous cuRAND calls, never while the GPU works).
+/// Several rng_actors may exist, each with its own sequence.
+///
+/// The sequence: operations take consecutive ranges of it, in the order
+/// their enqueues run, so one coroutine issuing operations one after the
+/// other gets the same numbers for the same seed and offset every time, and
+/// operations running at the same time never share numbers. With one lane
+/// (rng_options::max_lanes = 1, or any generator but Philox) the generator
+/// moves on by itself, as cuRAND does. A Philox actor with more lanes starts
+/// with one and adds one when an operation finds every lane busy; each
+/// operation then reserves the next rng_sequence_span positions and sets
+/// its lane's generator to them (curandSetGeneratorOffset), so which lane
+/// runs it does not change its numbers. A range is meant to be what cuRAND's
+/// generator moves on by itself (one position per 32-bit value, two per
+/// double), so that both give the same numbers; test/test_gpu_lanes.cpp
+/// compares the two on the GPU.
 ///
 /// Every operation fills all of `out` and yields it; arguments are checked
 /// before any GPU call (invalid_argument naming the argument), and once the
-/// device is poisoned or stopped every call fails at once. The generator
+/// device is poisoned or stopped every call fails at once. A generator
 /// lives until the GPU is done with the last operation that used it.
 /// Thread safety: all members may be called from any thread.
 class rng_actor {
 public:
-  /// Creates the generator (curandCreateGenerator), sets seed, offset and
-  /// dimensions and binds it to a stream of `dev` (curandSetStream). Fails
-  /// with device_unavailable (or the device's fault) when `dev` does not accept
-  /// work, not_supported when the device's options disable cuRAND, and
-  /// invalid_argument for bad options.
+  /// Creates the first lane's generator (curandCreateGenerator), sets seed,
+  /// offset and dimensions and binds it to a stream of `dev`
+  /// (curandSetStream). Fails with device_unavailable (or the device's
+  /// fault) when `dev` does not accept work (checked first), not_supported
+  /// when the device's options disable cuRAND, and invalid_argument for bad
+  /// options.
   static result<rng_actor> create(device dev, rng_options options = {});
 
   /// Uniform in (0, 1] (cuRAND excludes 0 and includes 1).
@@ -134,15 +178,22 @@ public:
 
   /// Sets the seed (pseudo-random generators only) and restarts the sequence
   /// at offset 0, so that the same seed gives the same numbers again. Takes
-  /// effect for operations issued after it returns.
+  /// effect for operations issued after it returns. With several lanes no
+  /// cuRAND call is made here: each lane's generator is reseeded at its
+  /// next operation (a cuRAND error then fails that operation).
   result<void> set_seed(std::uint64_t seed) const;
   /// Moves to the absolute position `offset`. MTGP32 cannot skip ahead: it
   /// accepts only 0, which restarts its sequence from the current seed.
   result<void> set_offset(std::uint64_t offset) const;
 
+  /// The lane count; no GPU call, no lock.
+  rng_statistics statistics() const;
+
   rng_kind kind() const noexcept;
   unsigned dimensions() const noexcept;
   const device& get_device() const noexcept;
+  /// The first lane's stream. With more than one lane, operations may run on
+  /// the others' streams too (their buffers are ordered by events).
   const stream& get_stream() const noexcept;
   const completion& how() const noexcept;
 

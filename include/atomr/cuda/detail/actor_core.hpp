@@ -1,5 +1,6 @@
-// What every library actor shares: its device, the one stream its library
-// handle is bound to, and the lock that serialises enqueues.
+// What every library actor shares: its lanes (each a stream, a library
+// handle bound to it, the state tied to that handle, and the lock that
+// serialises the enqueues on it), made on demand, and the argument checks.
 #pragma once
 
 #include <atomr/cuda/device.hpp>
@@ -7,28 +8,29 @@
 #include <atomr/cuda/gpu_ref.hpp>
 #include <atomr/cuda/stream.hpp>
 
+#include <algorithm>
+#include <array>
+#include <atomic>
+#include <cstddef>
+#include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
 
 namespace atomr::cuda::detail {
 
-/// Serialisation is a mutex held only around the synchronous enqueue inside
-/// run_kernel (never across a co_await), so the next request enqueues while
-/// the previous kernel runs. An Asio strand cannot be held by a coroutine
-/// across the enqueue (awaitables resume on their own executor), and the
-/// enqueue never blocks on the GPU, so the lock is held for microseconds.
-struct actor_core {
-  actor_core(device d, stream s) : dev(std::move(d)), strm(std::move(s)) {}
-  actor_core(const actor_core&) = delete;
-  actor_core& operator=(const actor_core&) = delete;
+/// The most lanes one actor may hold (each actor's options::max_lanes).
+inline constexpr std::size_t max_lanes_limit = 64;
+/// The lanes an actor may grow to (max_lanes = 0) on a device without launch
+/// threads (device_options::launch_threads = 0).
+inline constexpr std::size_t fallback_max_lanes = 8;
 
-  device dev;
-  stream strm;
-  std::mutex enqueue_mu;
-
-  /// Fails fast (no GPU call) once the device no longer accepts work.
-  result<void> accepting() const { return dev.status(); }
+/// How an actor's lanes get their streams, and how many there may be.
+struct lane_policy {
+  stream_policy streams = stream_policy::per_actor_fresh;
+  std::size_t max_lanes = 1;
 };
 
 /// invalid_argument naming the operation and the argument: "gemm: lda (3) < m (4)".
@@ -40,6 +42,163 @@ inline gpu_error bad_argument(std::string_view op, std::string_view arg, std::st
   m += why;
   return make_error(errc::invalid_argument, std::move(m));
 }
+
+/// An actor's max_lanes option: 0 (the default count) or 1 to 64, else
+/// invalid_argument naming `op`. Pure: no CUDA call.
+inline result<void> check_max_lanes(std::string_view op, std::size_t max_lanes) {
+  if (max_lanes > max_lanes_limit)
+    return bad_argument(
+        op, "max_lanes",
+        "(" + std::to_string(max_lanes) + ") is more than " + std::to_string(max_lanes_limit));
+  return outcome::success();
+}
+
+/// The lanes an actor gets for its `streams` and `max_lanes` options on a
+/// device opened with `dev` (docs/design.md, "One actor, several lanes").
+/// Pure: no CUDA call; `max_lanes` is assumed checked.
+///  - max_lanes 0 means the device's launch_threads (each lane's stream then
+///    has a launch thread of its own), or 8 without launch threads.
+///  - No `streams`: each lane gets a fresh stream of its own (per_actor_fresh),
+///    except with max_lanes = 1 (the device's policy, as before lanes) and on
+///    a device whose policy is single (one lane on the main stream).
+///  - single and per_actor_shared give every lane the same stream, so they
+///    allow one lane; pooled allows at most stream_pool_size (more lanes
+///    would share streams, which adds handles but no launching in parallel).
+inline lane_policy resolve_lanes(std::optional<stream_policy> streams, std::size_t max_lanes,
+                                 const device_options& dev) noexcept {
+  lane_policy p;
+  p.max_lanes = max_lanes != 0           ? max_lanes
+                : dev.launch_threads > 0 ? dev.launch_threads
+                                         : fallback_max_lanes;
+  p.max_lanes = std::clamp<std::size_t>(p.max_lanes, 1, max_lanes_limit);
+  if (streams)
+    p.streams = *streams;
+  else if (p.max_lanes == 1 || dev.streams == stream_policy::single)
+    p.streams = dev.streams;
+  else
+    p.streams = stream_policy::per_actor_fresh;
+  switch (p.streams) {
+    case stream_policy::single:
+    case stream_policy::per_actor_shared:
+      p.max_lanes = 1;
+      break;
+    case stream_policy::pooled:
+      p.max_lanes = std::min(p.max_lanes, std::max<std::size_t>(1, dev.stream_pool_size));
+      break;
+    case stream_policy::per_actor_fresh:
+      break;
+  }
+  return p;
+}
+
+/// A number of the calling thread's own, handed out in turn the first time
+/// a thread asks: threads that submit at the same time start their search
+/// for a free lane at different lanes.
+inline std::size_t thread_lane_hint() noexcept {
+  static std::atomic<std::size_t> next{0};
+  thread_local const std::size_t mine = next.fetch_add(1, std::memory_order_relaxed);
+  return mine;
+}
+
+/// What every lane has: its stream and the lock that serialises the
+/// enqueues on its library handle. The lock is held only around the
+/// synchronous library calls inside run_kernel (never across a co_await),
+/// so the next request enqueues while the previous kernel runs. An Asio
+/// strand cannot be held by a coroutine across the enqueue (awaitables
+/// resume on their own executor), and the enqueue never blocks on the GPU,
+/// so the lock is held for microseconds.
+struct lane_base {
+  explicit lane_base(stream s) noexcept : strm(std::move(s)) {}
+  lane_base(const lane_base&) = delete;
+  lane_base& operator=(const lane_base&) = delete;
+
+  const stream strm;
+  std::mutex mu;
+};
+
+/// Up to `limit` lanes of one actor, made on demand (docs/design.md, "One
+/// actor, several lanes"). The first lane is installed when the actor is
+/// created; pick() adds one when every existing lane is busy. Lanes are
+/// never removed before the set is destroyed, so a reference to one stays
+/// valid as long as the set. Thread-safe.
+template <class Lane>
+class lane_set {
+public:
+  explicit lane_set(std::size_t limit) noexcept
+      : limit_(std::clamp<std::size_t>(limit, 1, max_lanes_limit)) {}
+  lane_set(const lane_set&) = delete;
+  lane_set& operator=(const lane_set&) = delete;
+
+  /// Installs the first lane; called once, before the set is shared.
+  Lane& install_first(std::unique_ptr<Lane> lane) noexcept {
+    slots_[0] = std::move(lane);
+    count_.store(1, std::memory_order_release);
+    return *slots_[0];
+  }
+
+  /// Lanes made so far (at least 1 once installed).
+  std::size_t size() const noexcept { return count_.load(std::memory_order_acquire); }
+  std::size_t limit() const noexcept { return limit_; }
+  /// True once making a lane failed: no more are tried.
+  bool growth_stopped() const noexcept { return stopped_.load(std::memory_order_relaxed); }
+  Lane& first() const noexcept { return *slots_[0]; }
+  Lane& at(std::size_t i) const noexcept { return *slots_[i]; }
+
+  /// The lane for one operation: the first whose lock is free (try_lock,
+  /// released at once: the enqueue takes it again), looking from this
+  /// thread's hint on. When every lane is busy and fewer than the limit
+  /// exist, `make(index)` (-> result<std::unique_ptr<Lane>>) makes one
+  /// more, which is used; only one thread makes a lane at a time, and
+  /// another that finds every lane busy meanwhile takes its hinted lane. A
+  /// lane that could not be made stops the growth (the error is dropped:
+  /// the existing lanes serve). At the limit, the hinted lane (whose
+  /// enqueue then waits for its lock). Never blocks, except while `make` runs.
+  template <class Make>
+  Lane& pick(Make&& make) {
+    const std::size_t n = size();
+    const std::size_t start = thread_lane_hint() % n;
+    for (std::size_t i = 0; i < n; ++i) {
+      Lane& l = *slots_[(start + i) % n];
+      if (l.mu.try_lock()) {
+        l.mu.unlock();
+        return l;
+      }
+    }
+    if (n < limit_ && !growth_stopped()) {
+      std::unique_lock grow(grow_mu_, std::try_to_lock);
+      if (grow.owns_lock()) {
+        const std::size_t now = size();
+        if (now > n) return *slots_[now - 1];  // made meanwhile: the newest is the likeliest free
+        auto made = make(now);
+        if (made && made.value()) {
+          slots_[now] = std::move(made).value();
+          count_.store(now + 1, std::memory_order_release);
+          return *slots_[now];
+        }
+        stopped_.store(true, std::memory_order_relaxed);
+      }
+    }
+    return *slots_[start];
+  }
+
+  /// Calls f(lane) for every lane made so far, each under its lock.
+  template <class F>
+  void for_each_locked(F&& f) const {
+    const std::size_t n = size();
+    for (std::size_t i = 0; i < n; ++i) {
+      Lane& l = *slots_[i];
+      std::lock_guard lk(l.mu);
+      f(l);
+    }
+  }
+
+private:
+  std::array<std::unique_ptr<Lane>, max_lanes_limit> slots_{};  // [0, count_) are set
+  std::atomic<std::size_t> count_{0};
+  const std::size_t limit_;
+  std::mutex grow_mu_;  // held while a lane is made
+  std::atomic<bool> stopped_{false};
+};
 
 /// Checks that `r` is usable, on `dev`, and holds at least `needed` elements.
 template <element T>
