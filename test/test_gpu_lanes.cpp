@@ -77,8 +77,8 @@ std::string describe(std::exception_ptr e) {
 
 /// Several io_contexts, each run by a thread of its own. A coroutine steps
 /// from thread to thread by awaiting on(k, step), so that consecutive
-/// operations are submitted from different threads, and so start their
-/// search for a free lane at different lanes (detail::thread_lane_hint).
+/// operations are submitted from different threads, and so go to
+/// different lanes (each thread keeps a lane of its own).
 class hop_pool {
 public:
   explicit hop_pool(std::size_t n) : ctx_(n) {
@@ -615,7 +615,7 @@ TEST_CASE_FIXTURE(lanes_fixture,
   require_no_failures();
   const auto lanes = laned.statistics().lanes;
   CAPTURE(lanes);
-  CHECK(lanes > 1);
+  CHECK(lanes == 1);  // rng_lanes_allowed: one generator (lib/rng_actor.cpp says why)
 
   // The reference: one generator, the same seed, `blocks` operations in a row.
   auto one = rng_actor::create(dev, {.seed = 31, .max_lanes = 1}).value();
@@ -694,8 +694,8 @@ TEST_CASE_FIXTURE(lanes_fixture,
   }
 }
 
-TEST_CASE_FIXTURE(lanes_fixture, "lanes: generators other than Philox keep one lane under load") {
-  for (auto k : {rng_kind::xorwow, rng_kind::mrg32k3a, rng_kind::mtgp32, rng_kind::sobol32}) {
+TEST_CASE_FIXTURE(lanes_fixture, "lanes: every generator keeps one lane under load") {
+  for (auto k : {rng_kind::philox4_32_10, rng_kind::xorwow, rng_kind::mrg32k3a, rng_kind::mtgp32, rng_kind::sobol32}) {
     CAPTURE(to_string(k));
     auto a = rng_actor::create(dev, {.kind = k}).value();
     constexpr std::size_t tasks = 64;

@@ -125,8 +125,7 @@ TEST_CASE("max_lanes: 0 to 64 are accepted, more is invalid_argument") {
   CHECK(detail::check_rng_options({.max_lanes = 2}));
   // Any generator accepts a max_lanes; only Philox uses more than one lane.
   CHECK(detail::check_rng_options({.kind = rng_kind::xorwow, .max_lanes = 8}));
-  CHECK(detail::rng_lanes_allowed(rng_kind::philox4_32_10));
-  for (auto k : {rng_kind::xorwow, rng_kind::mrg32k3a, rng_kind::mtgp32, rng_kind::sobol32,
+  for (auto k : {rng_kind::philox4_32_10, rng_kind::xorwow, rng_kind::mrg32k3a, rng_kind::mtgp32, rng_kind::sobol32,
                  rng_kind::scrambled_sobol32, rng_kind::sobol64, rng_kind::scrambled_sobol64})
     CHECK_FALSE(detail::rng_lanes_allowed(k));
 #endif
@@ -197,47 +196,34 @@ TEST_CASE("resolve_lanes: the lanes' stream policy and count") {
   same(resolve_lanes(std::nullopt, 1000, dev), stream_policy::per_actor_fresh, max_lanes_limit);
 }
 
-TEST_CASE("lane_set: a free lane is used; all busy makes one more, up to the limit") {
+TEST_CASE("lane_set: each thread keeps a lane of its own, made on first use, up to the limit") {
   fake_set s(3);
   CHECK(s.limit() == 3);
   s.install_first(std::make_unique<fake_lane>(0));
   CHECK(s.size() == 1);
-  int made = 0;
+  std::atomic<int> made{0};
   auto make = [&](std::size_t i) {
     ++made;
     return make_fake(i);
   };
-  // Free: the one lane, nothing made.
+  // The first thread gets lane 0 (already there), every time.
   for (int i = 0; i < 10; ++i) CHECK(&s.pick(make) == &s.first());
   CHECK(made == 0);
-  {
-    holder h(all_of(s));  // every lane busy
-    fake_lane& second = s.pick(make);
-    CHECK(made == 1);
-    CHECK(s.size() == 2);
-    CHECK(second.index == 1);  // make() got the new lane's index
-    CHECK(&s.at(1) == &second);
+  // The next threads get lanes 1 and 2 (made then), then lane 0 again.
+  std::vector<std::size_t> got;
+  for (int t = 0; t < 3; ++t) {
+    std::size_t first = 0, again = 0;
+    std::thread([&] {
+      first = s.pick(make).index;
+      again = s.pick(make).index;
+    }).join();
+    CHECK(first == again);  // a thread keeps its lane
+    got.push_back(first);
   }
-  {
-    holder h(all_of(s));
-    CHECK(s.pick(make).index == 2);
-    CHECK(s.size() == 3);
-  }
-  {
-    // At the limit: no more lanes; the thread's hinted lane is used.
-    holder h(all_of(s));
-    const std::size_t hinted = detail::thread_lane_hint() % s.size();
-    CHECK(s.pick(make).index == hinted);
-    CHECK(made == 2);
-    CHECK(s.size() == 3);
-  }
-  // Every lane free again: the search starts at the hinted lane.
-  CHECK(s.pick(make).index == detail::thread_lane_hint() % 3);
-  {
-    // One free lane among busy ones is found, whichever it is.
-    holder h({&s.at(0), &s.at(2)});
-    CHECK(s.pick(make).index == 1);
-  }
+  CHECK(got == std::vector<std::size_t>{1, 2, 0});
+  CHECK(made == 2);
+  CHECK(s.size() == 3);
+  CHECK(&s.pick(make) == &s.first());  // this thread still has lane 0
   int visited = 0;
   s.for_each_locked([&](fake_lane& l) { CHECK(l.index == static_cast<std::size_t>(visited++)); });
   CHECK(visited == 3);
@@ -251,12 +237,14 @@ TEST_CASE("lane_set: a lane that cannot be made stops the growth") {
     ++tried;
     return make_error(errc::out_of_memory, "no handle today");
   };
-  holder h(all_of(s));
-  CHECK(&s.pick(failing) == &s.first());  // the existing lane serves
-  CHECK(tried == 1);
-  CHECK(s.growth_stopped());
-  for (int i = 0; i < 5; ++i) CHECK(&s.pick(failing) == &s.first());
+  CHECK(&s.pick(failing) == &s.first());  // this thread: lane 0, nothing to make
+  for (int t = 0; t < 3; ++t) {
+    fake_lane* got = nullptr;
+    std::thread([&] { got = &s.pick(failing); }).join();
+    CHECK(got == &s.first());  // the existing lane serves
+  }
   CHECK(tried == 1);  // never tried again
+  CHECK(s.growth_stopped());
   CHECK(s.size() == 1);
 }
 
@@ -306,13 +294,6 @@ TEST_CASE("lane_set: many threads picking while holding their lane make at most 
   CHECK(*seen.rbegin() < s.size());
 }
 
-TEST_CASE("thread_lane_hint: one number per thread, different between threads") {
-  const auto mine = detail::thread_lane_hint();
-  CHECK(detail::thread_lane_hint() == mine);
-  std::size_t other = mine;
-  std::thread([&] { other = detail::thread_lane_hint(); }).join();
-  CHECK(other != mine);
-}
 
 #if ATOMR_CUDA_HAS_CURAND
 TEST_CASE("rng_sequence_span: one position per 32-bit value, two per double") {

@@ -56,7 +56,8 @@ struct rng_options {
   /// may make; it starts with one and adds one when an operation finds every
   /// lane busy (docs/design.md, "One actor, several lanes"). 0: the device's
   /// launch_threads (8 by default; 8 without launch threads). 1: one
-  /// generator, as before lanes. At most 64. Only Philox (the default) gets
+  /// generator, as before lanes. At most 64. Every generator keeps one lane
+  /// for now (lib/rng_actor.cpp, rng_lanes_allowed, says why); Philox would get
   /// more than one lane: its lanes share the actor's one sequence by
   /// setting their generator's offset to the range each operation reserves,
   /// which is cheap for a counter-based generator. Every other kind keeps one

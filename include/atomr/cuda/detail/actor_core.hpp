@@ -12,6 +12,7 @@
 #include <array>
 #include <atomic>
 #include <cstddef>
+#include <cstdint>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -91,15 +92,6 @@ inline lane_policy resolve_lanes(std::optional<stream_policy> streams, std::size
   return p;
 }
 
-/// A number of the calling thread's own, handed out in turn the first time
-/// a thread asks: threads that submit at the same time start their search
-/// for a free lane at different lanes.
-inline std::size_t thread_lane_hint() noexcept {
-  static std::atomic<std::size_t> next{0};
-  thread_local const std::size_t mine = next.fetch_add(1, std::memory_order_relaxed);
-  return mine;
-}
-
 /// What every lane has: its stream and the lock that serialises the
 /// enqueues on its library handle. The lock is held only around the
 /// synchronous library calls inside run_kernel (never across a co_await),
@@ -118,7 +110,7 @@ struct lane_base {
 
 /// Up to `limit` lanes of one actor, made on demand (docs/design.md, "One
 /// actor, several lanes"). The first lane is installed when the actor is
-/// created; pick() adds one when every existing lane is busy. Lanes are
+/// created; pick() adds one when a thread is given an index not made yet. Lanes are
 /// never removed before the set is destroyed, so a reference to one stays
 /// valid as long as the set. Thread-safe.
 template <class Lane>
@@ -144,41 +136,38 @@ public:
   Lane& first() const noexcept { return *slots_[0]; }
   Lane& at(std::size_t i) const noexcept { return *slots_[i]; }
 
-  /// The lane for one operation: the first whose lock is free (try_lock,
-  /// released at once: the enqueue takes it again), looking from this
-  /// thread's hint on. When every lane is busy and fewer than the limit
-  /// exist, `make(index)` (-> result<std::unique_ptr<Lane>>) makes one
-  /// more, which is used; only one thread makes a lane at a time, and
-  /// another that finds every lane busy meanwhile takes its hinted lane. A
-  /// lane that could not be made stops the growth (the error is dropped:
-  /// the existing lanes serve). At the limit, the hinted lane (whose
-  /// enqueue then waits for its lock). Never blocks, except while `make` runs.
+  /// The lane for one operation: the calling thread's own lane of this set.
+  /// Each thread that submits to the set is given the next lane index in
+  /// turn (modulo the limit) the first time it does, and keeps it, so T io
+  /// threads use min(T, limit) lanes, each fed by "its" threads: their
+  /// operations queue on one stream and are launched there in batches, as
+  /// with one actor per thread (docs/design.md, "One actor, several
+  /// lanes"). A lane is made (`make(index)` -> result<std::unique_ptr<Lane>>,
+  /// under a creation lock: a few ms, once per lane) when a thread is first
+  /// given an index not made yet. A lane that could not be made stops the
+  /// growth (the error is dropped: the existing lanes serve). Never blocks,
+  /// except while a lane is made.
   template <class Make>
   Lane& pick(Make&& make) {
-    const std::size_t n = size();
-    const std::size_t start = thread_lane_hint() % n;
-    for (std::size_t i = 0; i < n; ++i) {
-      Lane& l = *slots_[(start + i) % n];
-      if (l.mu.try_lock()) {
-        l.mu.unlock();
-        return l;
-      }
-    }
-    if (n < limit_ && !growth_stopped()) {
-      std::unique_lock grow(grow_mu_, std::try_to_lock);
-      if (grow.owns_lock()) {
-        const std::size_t now = size();
-        if (now > n) return *slots_[now - 1];  // made meanwhile: the newest is the likeliest free
-        auto made = make(now);
+    const std::size_t want = thread_index();
+    std::size_t n = size();
+    if (want < n) return *slots_[want];
+    if (!growth_stopped()) {
+      std::lock_guard grow(grow_mu_);
+      n = size();
+      while (n <= want && !growth_stopped()) {
+        auto made = make(n);
         if (made && made.value()) {
-          slots_[now] = std::move(made).value();
-          count_.store(now + 1, std::memory_order_release);
-          return *slots_[now];
+          slots_[n] = std::move(made).value();
+          count_.store(n + 1, std::memory_order_release);
+          ++n;
+        } else {
+          stopped_.store(true, std::memory_order_relaxed);
         }
-        stopped_.store(true, std::memory_order_relaxed);
       }
     }
-    return *slots_[start];
+    n = size();
+    return *slots_[want < n ? want : want % n];
   }
 
   /// Calls f(lane) for every lane made so far, each under its lock.
@@ -193,7 +182,30 @@ public:
   }
 
 private:
+  /// This thread's lane index in this set: remembered per thread for the
+  /// last few sets it used (a small cache keyed by the set's process-unique
+  /// id; a thread that uses more sets than it holds is given a new index).
+  std::size_t thread_index() noexcept {
+    struct entry {
+      std::uint64_t set = 0;
+      std::size_t index = 0;
+    };
+    thread_local std::array<entry, 8> cache{};
+    thread_local std::size_t next_victim = 0;
+    for (const auto& e : cache)
+      if (e.set == id_) return e.index;
+    const std::size_t index = assigned_.fetch_add(1, std::memory_order_relaxed) % limit_;
+    cache[next_victim++ % cache.size()] = {id_, index};
+    return index;
+  }
+  static std::uint64_t next_id() noexcept {
+    static std::atomic<std::uint64_t> next{1};
+    return next.fetch_add(1, std::memory_order_relaxed);
+  }
+
+  const std::uint64_t id_ = next_id();
   std::array<std::unique_ptr<Lane>, max_lanes_limit> slots_{};  // [0, count_) are set
+  std::atomic<std::size_t> assigned_{0};  // threads given a lane index so far
   std::atomic<std::size_t> count_{0};
   const std::size_t limit_;
   std::mutex grow_mu_;  // held while a lane is made
