@@ -39,6 +39,7 @@
 #include <stdexcept>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <type_traits>
 #include <utility>
 #include <variant>
@@ -532,7 +533,8 @@ TEST_CASE_FIXTURE(token_fixture,
   CHECK(op_in_strand);  // run on the awaiting coroutine's executor, as a plain co_await is
 }
 
-TEST_CASE_FIXTURE(token_fixture, "awaitable operators: || with a timer, either side winning") {
+TEST_CASE_FIXTURE(token_fixture,
+                  "awaitable operators: || with a timer, either side winning, and &&") {
   using namespace asio::experimental::awaitable_operators;
   // The operation wins (it fails at once); the timer's wait is cancelled.
   auto first = run([&]() -> asio::awaitable<std::variant<result<fref>, std::monostate>> {
@@ -565,6 +567,15 @@ TEST_CASE_FIXTURE(token_fixture, "awaitable operators: || with a timer, either s
   CHECK(second.index() == 1);
   CHECK(cancelled);
   CHECK(steady::now() - t0 < 30s);
+
+  // &&: both complete (with their errors, which are values, not exceptions).
+  auto both = run([&]() -> asio::awaitable<std::tuple<result<fref>, result<int>>> {
+    co_return co_await (
+        fill_bytes(fref{}, 0, on_dev, asio::use_awaitable) &&
+        run_kernel("test", dev.main_stream(), event_poll{}, 42, enqueue, asio::use_awaitable));
+  }());
+  CHECK(code_of(std::get<0>(both)) == errc::invalid_argument);
+  CHECK(code_of(std::get<1>(both)) == errc::device_unavailable);
 }
 
 TEST_CASE_FIXTURE(
@@ -609,7 +620,7 @@ TEST_CASE_FIXTURE(token_fixture,
     recorder rec;
     auto here = [this] { return on_io(); };
     // Queued ahead of the operations' start on the same io_context. (A plain
-    // co_spawn cancelled this way throws out of run() in Asio 1.26.)
+    // co_spawn cancelled this way throws out of run() with Boost 1.81 and 1.83.)
     asio::post(ioc, [&] { sig.emit(type); });
     bool ran = false;
     async_from(ioc.get_executor(), mark_ran(&ran),

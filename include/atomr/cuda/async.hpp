@@ -47,9 +47,9 @@ concept result_token = asio::completion_token_for<Token, void(result<R>)>;
 namespace detail {
 
 /// The gpu_error that an exception escaping an awaited operation stands for:
-/// operation_aborted (a cancellation that arrived before the operation could
-/// wait for the GPU) is cancelled, bad_alloc is out_of_memory, a gpu_exception
-/// its own error, anything else unrecoverable with its what().
+/// operation_aborted (what a co_await inside a cancelled coroutine throws) is
+/// cancelled, bad_alloc is out_of_memory, a gpu_exception keeps its error,
+/// anything else is unrecoverable with its what().
 inline gpu_error error_from_exception(std::exception_ptr e) {
   try {
     std::rethrow_exception(std::move(e));
@@ -73,8 +73,9 @@ inline gpu_error error_from_exception(std::exception_ptr e) {
 /// the coroutine has started, an emission is only recorded (`pending`), and
 /// the coroutine then completes with cancelled without starting the
 /// operation: a cancellation that reaches a co_spawned coroutine before it
-/// starts would otherwise throw out of the executor's run() (Asio 1.26) and
-/// the handler would never be called. Touched only on the spawn executor.
+/// starts would otherwise throw out of the executor's run() and the handler
+/// would never be called (Boost 1.81 and 1.83). Touched only on the spawn
+/// executor.
 struct cancel_bridge {
   asio::cancellation_signal to_op;
   asio::cancellation_type_t pending = asio::cancellation_type::none;
@@ -213,20 +214,20 @@ private:
 }  // namespace detail
 
 /// Runs the awaitable `op` as an Asio asynchronous operation with completion
-/// signature void(result<R>), so that any completion token works with it:
-/// co_spawns `op` on the handler's associated executor (or `ex` when the
-/// handler has none of its own, or only a system-context one such as
-/// use_future's; the system executor when `ex` is empty too), then completes
-/// the handler exactly once with the result, on the handler's associated
-/// executor (never from within this call). The handler's cancellation slot
-/// reaches the waits inside `op` (terminal, partial and total): a
-/// cancelled wait yields errc::cancelled. An exception escaping `op` becomes
-/// a gpu_error (cancelled for operation_aborted, e.g. a cancellation that
-/// arrived before `op` started; see detail::error_from_exception). The handler
-/// is not called if the execution context is destroyed first, as with every
-/// Asio operation. `op` must own (or outlive the handler for) everything it
-/// refers to. Costs one co_spawn (two coroutine frames) on top of `op`: plain
-/// `co_await op` is the fast path, and stays so.
+/// signature void(result<R>), so that any completion token works with it.
+/// The initiation co_spawns `op` on the handler's associated executor, or on
+/// `ex` when the handler has none of its own or only one of the system
+/// context (use_future's), or on a strand of the system executor when `ex`
+/// is empty too; the handler is then called exactly once with the result, on
+/// its associated executor, never from within the initiating call. The
+/// handler's cancellation slot reaches the waits inside `op` (terminal,
+/// partial and total; a cancelled wait yields errc::cancelled); a
+/// cancellation before `op` started yields cancelled without starting it.
+/// An exception escaping `op` becomes a gpu_error (detail::error_from_exception).
+/// As with every Asio operation, the handler is not called if the execution
+/// context is destroyed first. What `op` refers to must stay valid until the
+/// handler is called. Costs one co_spawn (two coroutine frames, a
+/// dispatch) on top of `op`: plain `co_await op` stays the fast path.
 template <class R, result_token<R> Token>
 auto async_from(asio::any_io_executor ex, asio::awaitable<result<R>> op, Token&& token) {
   return asio::async_initiate<Token, void(result<R>)>(detail::initiate_async_from<R>(std::move(ex)),
