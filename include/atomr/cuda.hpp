@@ -1,6 +1,7 @@
 // Umbrella header: everything public in atomr-accel-cuda.
 #pragma once
 
+#include <atomr/cuda/async.hpp>
 #include <atomr/cuda/completion.hpp>
 #if ATOMR_CUDA_HAS_CUBLAS
 #include <atomr/cuda/blas_actor.hpp>

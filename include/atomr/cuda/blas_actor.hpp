@@ -3,6 +3,7 @@
 // library call; every operation an awaitable.
 #pragma once
 
+#include <atomr/cuda/async.hpp>
 #include <atomr/cuda/completion.hpp>
 #include <atomr/cuda/device.hpp>
 #include <atomr/cuda/element.hpp>
@@ -275,6 +276,112 @@ public:
                                               std::int64_t incx = 1) const;
   asio::awaitable<result<std::int64_t>> iamax(std::int64_t n, gpu_ref<double> x,
                                               std::int64_t incx = 1) const;
+
+  // ---- Completion tokens (docs/design.md, "Completion tokens") ----
+  // Each operation above also takes any Asio completion token as its last
+  // argument, after the full argument list (defaulted increments included);
+  // the operations with defaulted increments also take the token right
+  // after the buffers, for the defaults. It then completes with
+  // void(result<V>), V what the awaitable yields, on the handler's associated
+  // executor; it runs on the handler's executor when that has one of its own,
+  // else on the device's executor. The handler's cancellation slot reaches
+  // the wait (terminal, partial, total: errc::cancelled). The operation holds
+  // its own copy of this actor. Costs one co_spawn on top of the awaitable.
+  // They exist for exactly the element types the awaitables take.
+
+  template <element T, result_token<gpu_ref<T>> Token>
+  requires requires(const blas_actor& s, gemm_params p, gpu_ref<T> x) { s.gemm(p, x, x, x); }
+  auto gemm(gemm_params p, gpu_ref<T> a, gpu_ref<T> b, gpu_ref<T> c, Token&& token) const {
+    return detail::async_actor_op(*this, std::forward<Token>(token),
+                                  [=](const blas_actor& s) { return s.gemm(p, a, b, c); });
+  }
+  template <element T, result_token<gpu_ref<T>> Token>
+  requires requires(const blas_actor& s, gemm_params p, batch_params b, gpu_ref<T> x) {
+    s.gemm_strided_batched(p, b, x, x, x);
+  }
+  auto gemm_strided_batched(gemm_params p, batch_params b, gpu_ref<T> a, gpu_ref<T> bm,
+                            gpu_ref<T> c, Token&& token) const {
+    return detail::async_actor_op(*this, std::forward<Token>(token), [=](const blas_actor& s) {
+      return s.gemm_strided_batched(p, b, a, bm, c);
+    });
+  }
+  template <element T, result_token<gpu_ref<T>> Token>
+  requires requires(const blas_actor& s, gemv_params p, gpu_ref<T> x) { s.gemv(p, x, x, x); }
+  auto gemv(gemv_params p, gpu_ref<T> a, gpu_ref<T> x, gpu_ref<T> y, Token&& token) const {
+    return detail::async_actor_op(*this, std::forward<Token>(token),
+                                  [=](const blas_actor& s) { return s.gemv(p, a, x, y); });
+  }
+
+  template <element T, result_token<gpu_ref<T>> Token>
+  requires requires(const blas_actor& s, gpu_ref<T> x) { s.axpy(1, 1.0, x, x, 1, 1); }
+  auto axpy(std::int64_t n, double alpha, gpu_ref<T> x, gpu_ref<T> y, std::int64_t incx,
+            std::int64_t incy, Token&& token) const {
+    return detail::async_actor_op(*this, std::forward<Token>(token), [=](const blas_actor& s) {
+      return s.axpy(n, alpha, x, y, incx, incy);
+    });
+  }
+  template <element T, result_token<gpu_ref<T>> Token>
+  requires requires(const blas_actor& s, gpu_ref<T> x) { s.axpy(1, 1.0, x, x, 1, 1); }
+  auto axpy(std::int64_t n, double alpha, gpu_ref<T> x, gpu_ref<T> y, Token&& token) const {
+    return axpy(n, alpha, std::move(x), std::move(y), 1, 1, std::forward<Token>(token));
+  }
+  template <element T, result_token<gpu_ref<T>> Token>
+  requires requires(const blas_actor& s, gpu_ref<T> x) { s.scal(1, 1.0, x, 1); }
+  auto scal(std::int64_t n, double alpha, gpu_ref<T> x, std::int64_t incx, Token&& token) const {
+    return detail::async_actor_op(*this, std::forward<Token>(token),
+                                  [=](const blas_actor& s) { return s.scal(n, alpha, x, incx); });
+  }
+  template <element T, result_token<gpu_ref<T>> Token>
+  requires requires(const blas_actor& s, gpu_ref<T> x) { s.scal(1, 1.0, x, 1); }
+  auto scal(std::int64_t n, double alpha, gpu_ref<T> x, Token&& token) const {
+    return scal(n, alpha, std::move(x), 1, std::forward<Token>(token));
+  }
+
+  template <element T, result_token<T> Token>
+  requires requires(const blas_actor& s, gpu_ref<T> x) { s.dot(1, x, x, 1, 1); }
+  auto dot(std::int64_t n, gpu_ref<T> x, gpu_ref<T> y, std::int64_t incx, std::int64_t incy,
+           Token&& token) const {
+    return detail::async_actor_op(*this, std::forward<Token>(token),
+                                  [=](const blas_actor& s) { return s.dot(n, x, y, incx, incy); });
+  }
+  template <element T, result_token<T> Token>
+  requires requires(const blas_actor& s, gpu_ref<T> x) { s.dot(1, x, x, 1, 1); }
+  auto dot(std::int64_t n, gpu_ref<T> x, gpu_ref<T> y, Token&& token) const {
+    return dot(n, std::move(x), std::move(y), 1, 1, std::forward<Token>(token));
+  }
+  template <element T, result_token<T> Token>
+  requires requires(const blas_actor& s, gpu_ref<T> x) { s.nrm2(1, x, 1); }
+  auto nrm2(std::int64_t n, gpu_ref<T> x, std::int64_t incx, Token&& token) const {
+    return detail::async_actor_op(*this, std::forward<Token>(token),
+                                  [=](const blas_actor& s) { return s.nrm2(n, x, incx); });
+  }
+  template <element T, result_token<T> Token>
+  requires requires(const blas_actor& s, gpu_ref<T> x) { s.nrm2(1, x, 1); }
+  auto nrm2(std::int64_t n, gpu_ref<T> x, Token&& token) const {
+    return nrm2(n, std::move(x), 1, std::forward<Token>(token));
+  }
+  template <element T, result_token<T> Token>
+  requires requires(const blas_actor& s, gpu_ref<T> x) { s.asum(1, x, 1); }
+  auto asum(std::int64_t n, gpu_ref<T> x, std::int64_t incx, Token&& token) const {
+    return detail::async_actor_op(*this, std::forward<Token>(token),
+                                  [=](const blas_actor& s) { return s.asum(n, x, incx); });
+  }
+  template <element T, result_token<T> Token>
+  requires requires(const blas_actor& s, gpu_ref<T> x) { s.asum(1, x, 1); }
+  auto asum(std::int64_t n, gpu_ref<T> x, Token&& token) const {
+    return asum(n, std::move(x), 1, std::forward<Token>(token));
+  }
+  template <element T, result_token<std::int64_t> Token>
+  requires requires(const blas_actor& s, gpu_ref<T> x) { s.iamax(1, x, 1); }
+  auto iamax(std::int64_t n, gpu_ref<T> x, std::int64_t incx, Token&& token) const {
+    return detail::async_actor_op(*this, std::forward<Token>(token),
+                                  [=](const blas_actor& s) { return s.iamax(n, x, incx); });
+  }
+  template <element T, result_token<std::int64_t> Token>
+  requires requires(const blas_actor& s, gpu_ref<T> x) { s.iamax(1, x, 1); }
+  auto iamax(std::int64_t n, gpu_ref<T> x, Token&& token) const {
+    return iamax(n, std::move(x), 1, std::forward<Token>(token));
+  }
 
   const std::shared_ptr<detail::blas_state>& state() const noexcept { return st_; }
 

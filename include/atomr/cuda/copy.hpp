@@ -1,6 +1,7 @@
 // Transfers between host and device memory, and fills, each an awaitable.
 #pragma once
 
+#include <atomr/cuda/async.hpp>
 #include <atomr/cuda/completion.hpp>
 #include <atomr/cuda/device.hpp>
 #include <atomr/cuda/gpu_ref.hpp>
@@ -9,6 +10,7 @@
 
 #include <boost/asio/awaitable.hpp>
 
+#include <concepts>
 #include <cstring>
 #include <optional>
 #include <ranges>
@@ -194,6 +196,135 @@ asio::awaitable<result<gpu_ref<T>>> fill_bytes(gpu_ref<T> dst, unsigned char val
           return classify(st, "cudaMemsetAsync");
         return std::tuple<>{};
       });
+}
+
+// ---- Completion tokens (docs/design.md, "Completion tokens") ----
+// Every transfer above also takes an Asio completion token as its last
+// argument, after its transfer_options or in their place; it then completes
+// with void(result<V>), V the value the awaitable yields, on the handler's
+// associated executor. It runs on the handler's executor when it has one of
+// its own, else on the executor of the gpu_ref's device (of the options'
+// stream's device for an empty ref). Host memory passed as a span or range
+// is read or written while the operation runs: it must stay valid until the
+// handler is called. Each costs one co_spawn on top of the awaitable.
+
+namespace detail {
+template <class T>
+struct is_pinned_buffer : std::false_type {};
+template <class T>
+struct is_pinned_buffer<pinned_buffer<T>> : std::true_type {};
+
+/// Contiguous host elements that a transfer may use after the initiating call
+/// returns: a span or a container passed as an lvalue (an rvalue container
+/// would be gone by then), never a pinned_buffer (which has its own overloads).
+template <class R>
+concept borrowed_host_range = std::ranges::contiguous_range<R> && std::ranges::sized_range<R> &&
+    std::ranges::borrowed_range<R> && element<std::ranges::range_value_t<R>> &&
+    !is_pinned_buffer<std::remove_cvref_t<R>>::value;
+
+/// ... whose elements are of type T and may be written.
+template <class R, class T>
+concept writable_host_range_of =
+    borrowed_host_range<R> && std::same_as<std::ranges::range_value_t<R>, T> &&
+    !std::is_const_v<std::remove_reference_t<std::ranges::range_reference_t<R>>>;
+
+/// The executor a transfer on `ref` runs on when its handler has none: its device's.
+template <element T>
+asio::any_io_executor transfer_executor(const gpu_ref<T>& ref, const transfer_options& o) {
+  if (ref.state()) return device(ref.state()->dev).get_executor();
+  if (o.on) return o.on.get_device().get_executor();
+  return {};
+}
+}  // namespace detail
+
+/// upload from pinned memory through `token`: completes with void(result<gpu_ref<T>>).
+template <element T, result_token<gpu_ref<T>> Token>
+auto upload(pinned_buffer<T> src, gpu_ref<T> dst, transfer_options o, Token&& token) {
+  auto ex = detail::transfer_executor(dst, o);
+  return async_from(std::move(ex), upload(std::move(src), std::move(dst), std::move(o)),
+                    std::forward<Token>(token));
+}
+/// upload from pinned memory through `token`, with the default transfer_options.
+template <element T, result_token<gpu_ref<T>> Token>
+auto upload(pinned_buffer<T> src, gpu_ref<T> dst, Token&& token) {
+  return upload(std::move(src), std::move(dst), transfer_options{}, std::forward<Token>(token));
+}
+
+/// upload from pageable memory (a span, or an lvalue contiguous container) through
+/// `token`: completes with void(result<gpu_ref<T>>). `src` is copied into the
+/// staging buffer when the operation starts, after this call returns.
+template <detail::borrowed_host_range Src,
+          result_token<gpu_ref<std::ranges::range_value_t<Src>>> Token>
+auto upload(Src&& src, gpu_ref<std::ranges::range_value_t<Src>> dst, transfer_options o,
+            Token&& token) {
+  using T = std::ranges::range_value_t<Src>;
+  auto ex = detail::transfer_executor(dst, o);
+  std::span<const T> view(std::ranges::data(src), std::ranges::size(src));
+  return async_from(std::move(ex), upload(view, std::move(dst), std::move(o)),
+                    std::forward<Token>(token));
+}
+/// upload from pageable memory through `token`, with the default transfer_options.
+template <detail::borrowed_host_range Src,
+          result_token<gpu_ref<std::ranges::range_value_t<Src>>> Token>
+auto upload(Src&& src, gpu_ref<std::ranges::range_value_t<Src>> dst, Token&& token) {
+  return upload(std::forward<Src>(src), std::move(dst), transfer_options{},
+                std::forward<Token>(token));
+}
+
+/// download to pinned memory through `token`: completes with void(result<pinned_buffer<T>>).
+template <element T, result_token<pinned_buffer<T>> Token>
+auto download(gpu_ref<T> src, pinned_buffer<T> dst, transfer_options o, Token&& token) {
+  auto ex = detail::transfer_executor(src, o);
+  return async_from(std::move(ex), download(std::move(src), std::move(dst), std::move(o)),
+                    std::forward<Token>(token));
+}
+/// download to pinned memory through `token`, with the default transfer_options.
+template <element T, result_token<pinned_buffer<T>> Token>
+auto download(gpu_ref<T> src, pinned_buffer<T> dst, Token&& token) {
+  return download(std::move(src), std::move(dst), transfer_options{}, std::forward<Token>(token));
+}
+
+/// download to pageable memory (a span, or an lvalue contiguous container) through
+/// `token`: completes with void(result<void>); `dst` is written on success only,
+/// before the handler runs.
+template <element T, detail::writable_host_range_of<T> Dst, result_token<void> Token>
+auto download(gpu_ref<T> src, Dst&& dst, transfer_options o, Token&& token) {
+  auto ex = detail::transfer_executor(src, o);
+  std::span<T> view(std::ranges::data(dst), std::ranges::size(dst));
+  return async_from(std::move(ex), download(std::move(src), view, std::move(o)),
+                    std::forward<Token>(token));
+}
+/// download to pageable memory through `token`, with the default transfer_options.
+template <element T, detail::writable_host_range_of<T> Dst, result_token<void> Token>
+auto download(gpu_ref<T> src, Dst&& dst, Token&& token) {
+  return download(std::move(src), std::forward<Dst>(dst), transfer_options{},
+                  std::forward<Token>(token));
+}
+
+/// copy through `token`: completes with void(result<gpu_ref<T>>) (dst).
+template <element T, result_token<gpu_ref<T>> Token>
+auto copy(gpu_ref<T> src, gpu_ref<T> dst, transfer_options o, Token&& token) {
+  auto ex = detail::transfer_executor(dst, o);
+  return async_from(std::move(ex), copy(std::move(src), std::move(dst), std::move(o)),
+                    std::forward<Token>(token));
+}
+/// copy through `token`, with the default transfer_options.
+template <element T, result_token<gpu_ref<T>> Token>
+auto copy(gpu_ref<T> src, gpu_ref<T> dst, Token&& token) {
+  return copy(std::move(src), std::move(dst), transfer_options{}, std::forward<Token>(token));
+}
+
+/// fill_bytes through `token`: completes with void(result<gpu_ref<T>>) (dst).
+template <element T, result_token<gpu_ref<T>> Token>
+auto fill_bytes(gpu_ref<T> dst, unsigned char value, transfer_options o, Token&& token) {
+  auto ex = detail::transfer_executor(dst, o);
+  return async_from(std::move(ex), fill_bytes(std::move(dst), value, std::move(o)),
+                    std::forward<Token>(token));
+}
+/// fill_bytes through `token`, with the default transfer_options.
+template <element T, result_token<gpu_ref<T>> Token>
+auto fill_bytes(gpu_ref<T> dst, unsigned char value, Token&& token) {
+  return fill_bytes(std::move(dst), value, transfer_options{}, std::forward<Token>(token));
 }
 
 }  // namespace atomr::cuda

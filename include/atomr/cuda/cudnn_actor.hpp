@@ -3,6 +3,7 @@
 // cuDNN types stay in lib/cudnn_actor.cpp; this header needs no cudnn.h.
 #pragma once
 
+#include <atomr/cuda/async.hpp>
 #include <atomr/cuda/completion.hpp>
 #include <atomr/cuda/detail/actor_core.hpp>
 #include <atomr/cuda/device.hpp>
@@ -269,6 +270,68 @@ public:
   asio::awaitable<result<gpu_ref<half>>> batchnorm_inference(
       tensor_shape shape, double epsilon, gpu_ref<half> x, gpu_ref<float> scale,
       gpu_ref<float> bias, gpu_ref<float> mean, gpu_ref<float> var, gpu_ref<half> y) const;
+
+  // ---- Completion tokens (docs/design.md, "Completion tokens") ----
+  // Each operation above also takes any Asio completion token as its last
+  // argument: it then completes with void(result<gpu_ref<T>>) (y) on the
+  // handler's associated executor; it runs on the handler's executor when
+  // that has one of its own, else on the device's executor. The handler's
+  // cancellation slot reaches the wait (terminal, partial, total:
+  // errc::cancelled). The operation holds its own copy of this actor. Costs
+  // one co_spawn on top of the awaitable. They exist for exactly the element
+  // types the awaitables take.
+
+  template <element T, result_token<gpu_ref<T>> Token>
+  requires requires(const cudnn_actor& s, tensor_shape sh, conv2d_params p, gpu_ref<T> x) {
+    s.conv2d_forward(sh, p, x, x, x, x);
+  }
+  auto conv2d_forward(tensor_shape x_shape, conv2d_params p, gpu_ref<T> x, gpu_ref<T> filter,
+                      gpu_ref<T> bias, gpu_ref<T> y, Token&& token) const {
+    return detail::async_actor_op(*this, std::forward<Token>(token), [=](const cudnn_actor& s) {
+      return s.conv2d_forward(x_shape, p, x, filter, bias, y);
+    });
+  }
+  template <element T, result_token<gpu_ref<T>> Token>
+  requires requires(const cudnn_actor& s, tensor_shape sh, activation_params p, gpu_ref<T> x) {
+    s.activation_forward(sh, p, x, x);
+  }
+  auto activation_forward(tensor_shape shape, activation_params p, gpu_ref<T> x, gpu_ref<T> y,
+                          Token&& token) const {
+    return detail::async_actor_op(*this, std::forward<Token>(token), [=](const cudnn_actor& s) {
+      return s.activation_forward(shape, p, x, y);
+    });
+  }
+  template <element T, result_token<gpu_ref<T>> Token>
+  requires requires(const cudnn_actor& s, tensor_shape sh, softmax_algorithm a, gpu_ref<T> x) {
+    s.softmax_forward(sh, a, x, x);
+  }
+  auto softmax_forward(tensor_shape shape, softmax_algorithm a, gpu_ref<T> x, gpu_ref<T> y,
+                       Token&& token) const {
+    return detail::async_actor_op(*this, std::forward<Token>(token), [=](const cudnn_actor& s) {
+      return s.softmax_forward(shape, a, x, y);
+    });
+  }
+  template <element T, result_token<gpu_ref<T>> Token>
+  requires requires(const cudnn_actor& s, tensor_shape sh, pooling_params p, gpu_ref<T> x) {
+    s.pooling_forward(sh, p, x, x);
+  }
+  auto pooling_forward(tensor_shape x_shape, pooling_params p, gpu_ref<T> x, gpu_ref<T> y,
+                       Token&& token) const {
+    return detail::async_actor_op(*this, std::forward<Token>(token), [=](const cudnn_actor& s) {
+      return s.pooling_forward(x_shape, p, x, y);
+    });
+  }
+  template <element T, result_token<gpu_ref<T>> Token>
+  requires requires(const cudnn_actor& s, tensor_shape sh, gpu_ref<T> x, gpu_ref<float> f) {
+    s.batchnorm_inference(sh, 1e-5, x, f, f, f, f, x);
+  }
+  auto batchnorm_inference(tensor_shape shape, double epsilon, gpu_ref<T> x, gpu_ref<float> scale,
+                           gpu_ref<float> bias, gpu_ref<float> mean, gpu_ref<float> var,
+                           gpu_ref<T> y, Token&& token) const {
+    return detail::async_actor_op(*this, std::forward<Token>(token), [=](const cudnn_actor& s) {
+      return s.batchnorm_inference(shape, epsilon, x, scale, bias, mean, var, y);
+    });
+  }
 
   /// Algorithm cache and workspace counts, summed over the lanes. Takes each
   /// lane's lock briefly; no GPU call.

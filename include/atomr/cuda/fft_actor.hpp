@@ -2,6 +2,7 @@
 // as awaitables, with a bounded LRU cache of plans.
 #pragma once
 
+#include <atomr/cuda/async.hpp>
 #include <atomr/cuda/completion.hpp>
 #include <atomr/cuda/detail/actor_core.hpp>
 #include <atomr/cuda/detail/lru.hpp>
@@ -208,6 +209,39 @@ public:
   /// Complex to real, double precision (cufftExecZ2D); `in` is overwritten.
   asio::awaitable<result<gpu_ref<double>>> c2r(fft_shape shape, gpu_ref<c64> in,
                                                gpu_ref<double> out) const;
+
+  // ---- Completion tokens (docs/design.md, "Completion tokens") ----
+  // Each transform above also takes any Asio completion token as its last
+  // argument: it then completes with void(result<gpu_ref<Out>>) on the
+  // handler's associated executor; it runs on the handler's executor when
+  // that has one of its own, else on the device's executor. The handler's
+  // cancellation slot reaches the wait (terminal, partial, total:
+  // errc::cancelled). The operation holds its own copy of this actor. Costs
+  // one co_spawn on top of the awaitable. They exist for exactly the element
+  // types the awaitables take.
+
+  template <element T, result_token<gpu_ref<T>> Token>
+  requires requires(const fft_actor& s, fft_shape sh, gpu_ref<T> x) { s.c2c(sh, x, x); }
+  auto c2c(fft_shape shape, gpu_ref<T> in, gpu_ref<T> out, Token&& token) const {
+    return detail::async_actor_op(*this, std::forward<Token>(token),
+                                  [=](const fft_actor& s) { return s.c2c(shape, in, out); });
+  }
+  template <element In, element Out, result_token<gpu_ref<Out>> Token>
+  requires requires(const fft_actor& s, fft_shape sh, gpu_ref<In> x, gpu_ref<Out> y) {
+    s.r2c(sh, x, y);
+  }
+  auto r2c(fft_shape shape, gpu_ref<In> in, gpu_ref<Out> out, Token&& token) const {
+    return detail::async_actor_op(*this, std::forward<Token>(token),
+                                  [=](const fft_actor& s) { return s.r2c(shape, in, out); });
+  }
+  template <element In, element Out, result_token<gpu_ref<Out>> Token>
+  requires requires(const fft_actor& s, fft_shape sh, gpu_ref<In> x, gpu_ref<Out> y) {
+    s.c2r(sh, x, y);
+  }
+  auto c2r(fft_shape shape, gpu_ref<In> in, gpu_ref<Out> out, Token&& token) const {
+    return detail::async_actor_op(*this, std::forward<Token>(token),
+                                  [=](const fft_actor& s) { return s.c2r(shape, in, out); });
+  }
 
   /// Plan cache counts, summed over the lanes. Takes each lane's lock
   /// briefly; no GPU call.

@@ -1,6 +1,7 @@
 // rng_actor: cuRAND generation (uniform, normal, log-normal, Poisson, raw bits) as awaitables.
 #pragma once
 
+#include <atomr/cuda/async.hpp>
 #include <atomr/cuda/completion.hpp>
 #include <atomr/cuda/device.hpp>
 #include <atomr/cuda/error.hpp>
@@ -14,6 +15,7 @@
 #include <memory>
 #include <optional>
 #include <string_view>
+#include <type_traits>
 
 namespace atomr::cuda {
 
@@ -176,6 +178,60 @@ public:
   asio::awaitable<result<gpu_ref<std::uint32_t>>> raw(gpu_ref<std::uint32_t> out) const;
   /// Raw 64-bit values (curandGenerateLongLong): sobol64 and scrambled_sobol64 only.
   asio::awaitable<result<gpu_ref<std::uint64_t>>> raw(gpu_ref<std::uint64_t> out) const;
+
+  // ---- Completion tokens (docs/design.md, "Completion tokens") ----
+  // Each operation above also takes any Asio completion token as its last
+  // argument, after the full argument list; normal and log_normal also take
+  // it right after `out`, for the default mean and stddev. It then completes
+  // with void(result<gpu_ref<T>>) on the handler's associated executor; it
+  // runs on the handler's executor when that has one of its own, else on the
+  // device's executor. The handler's cancellation slot reaches the wait
+  // (terminal, partial, total: errc::cancelled). The operation holds its own
+  // copy of this actor. Costs one co_spawn on top of the awaitable. They
+  // exist for exactly the element types the awaitables take.
+
+  template <element T, result_token<gpu_ref<T>> Token>
+  requires requires(const rng_actor& s, gpu_ref<T> x) { s.uniform(x); }
+  auto uniform(gpu_ref<T> out, Token&& token) const {
+    return detail::async_actor_op(*this, std::forward<Token>(token),
+                                  [=](const rng_actor& s) { return s.uniform(out); });
+  }
+  template <element T, result_token<gpu_ref<T>> Token>
+  requires requires(const rng_actor& s, gpu_ref<T> x, T v) { s.normal(x, v, v); }
+  auto normal(gpu_ref<T> out, std::type_identity_t<T> mean, std::type_identity_t<T> stddev,
+              Token&& token) const {
+    return detail::async_actor_op(*this, std::forward<Token>(token),
+                                  [=](const rng_actor& s) { return s.normal(out, mean, stddev); });
+  }
+  template <element T, result_token<gpu_ref<T>> Token>
+  requires requires(const rng_actor& s, gpu_ref<T> x, T v) { s.normal(x, v, v); }
+  auto normal(gpu_ref<T> out, Token&& token) const {
+    return normal(std::move(out), T(0), T(1), std::forward<Token>(token));
+  }
+  template <element T, result_token<gpu_ref<T>> Token>
+  requires requires(const rng_actor& s, gpu_ref<T> x, T v) { s.log_normal(x, v, v); }
+  auto log_normal(gpu_ref<T> out, std::type_identity_t<T> mean, std::type_identity_t<T> stddev,
+                  Token&& token) const {
+    return detail::async_actor_op(*this, std::forward<Token>(token), [=](const rng_actor& s) {
+      return s.log_normal(out, mean, stddev);
+    });
+  }
+  template <element T, result_token<gpu_ref<T>> Token>
+  requires requires(const rng_actor& s, gpu_ref<T> x, T v) { s.log_normal(x, v, v); }
+  auto log_normal(gpu_ref<T> out, Token&& token) const {
+    return log_normal(std::move(out), T(0), T(1), std::forward<Token>(token));
+  }
+  template <result_token<gpu_ref<std::uint32_t>> Token>
+  auto poisson(gpu_ref<std::uint32_t> out, double lambda, Token&& token) const {
+    return detail::async_actor_op(*this, std::forward<Token>(token),
+                                  [=](const rng_actor& s) { return s.poisson(out, lambda); });
+  }
+  template <element T, result_token<gpu_ref<T>> Token>
+  requires requires(const rng_actor& s, gpu_ref<T> x) { s.raw(x); }
+  auto raw(gpu_ref<T> out, Token&& token) const {
+    return detail::async_actor_op(*this, std::forward<Token>(token),
+                                  [=](const rng_actor& s) { return s.raw(out); });
+  }
 
   /// Sets the seed (pseudo-random generators only) and restarts the sequence
   /// at offset 0, so that the same seed gives the same numbers again. Takes

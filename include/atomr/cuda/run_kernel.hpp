@@ -1,6 +1,7 @@
 // run_kernel: the one place where GPU work is launched and awaited.
 #pragma once
 
+#include <atomr/cuda/async.hpp>
 #include <atomr/cuda/completion.hpp>
 #include <atomr/cuda/device.hpp>
 #include <atomr/cuda/error.hpp>
@@ -12,6 +13,7 @@
 
 #include <algorithm>
 #include <array>
+#include <concepts>
 #include <memory>
 #include <optional>
 #include <string_view>
@@ -282,6 +284,43 @@ asio::awaitable<result<O>> run_kernel(std::string_view library, stream s, O outp
                                       Enqueue enqueue) {
   completion how = s ? s.get_device().options().default_completion : completion{};
   return run_kernel(library, std::move(s), how, std::move(output), std::move(enqueue));
+}
+
+// ---- Completion tokens (docs/design.md, "Completion tokens") ----
+
+namespace detail {
+/// What run_kernel's token overloads take for `enqueue`: a function of launch&.
+template <class F>
+concept enqueue_function = std::invocable<F&, launch&>;
+/// What they take for `output`: anything but a completion strategy, so that the
+/// overload without a strategy can never take one for its output.
+template <class O>
+concept kernel_output = !std::derived_from<O, completion>;
+}  // namespace detail
+
+/// run_kernel through any Asio completion token: completes with
+/// void(result<O>) on the handler's associated executor. Runs on the
+/// handler's executor when it has one of its own, else on the executor of the
+/// stream's device. The handler's cancellation slot reaches the wait
+/// (terminal, partial or total: errc::cancelled, the keep-alive parked as
+/// above). `library` and whatever `enqueue` refers to must outlive the
+/// handler call. Costs one co_spawn on top of the awaitable.
+template <detail::kernel_output O, detail::enqueue_function Enqueue, result_token<O> Token>
+auto run_kernel(std::string_view library, stream s, completion how, O output, Enqueue enqueue,
+                Token&& token) {
+  auto ex = s ? s.get_device().get_executor() : asio::any_io_executor{};
+  return async_from(std::move(ex),
+                    run_kernel(library, std::move(s), how, std::move(output), std::move(enqueue)),
+                    std::forward<Token>(token));
+}
+
+/// run_kernel through a completion token, on the stream's device default completion strategy.
+template <detail::kernel_output O, detail::enqueue_function Enqueue, result_token<O> Token>
+auto run_kernel(std::string_view library, stream s, O output, Enqueue enqueue, Token&& token) {
+  auto ex = s ? s.get_device().get_executor() : asio::any_io_executor{};
+  return async_from(std::move(ex),
+                    run_kernel(library, std::move(s), std::move(output), std::move(enqueue)),
+                    std::forward<Token>(token));
 }
 
 }  // namespace atomr::cuda
