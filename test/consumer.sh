@@ -44,7 +44,9 @@ step() {
     tail -40 "$log"
     exit 1
   fi
-  echo "$name: ok ($((SECONDS - t0)) s)"
+  local warnings
+  warnings=$(grep -c 'warning:' "$log")
+  echo "$name: ok ($((SECONDS - t0)) s, $warnings compiler warnings)"
 }
 
 # The library only: quick to build, and all a consumer needs.
