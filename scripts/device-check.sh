@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The whole GPU check, as run on the H200 through the device tool:
-# configure, build, full test suite (CPU + GPU), the demo, and the GPU tests
-# under compute-sanitizer memcheck. Full logs go to $OUT (or ./device-out);
-# the summary lines go to stdout.
+# configure, build, full test suite (CPU + GPU), the demo, the GPU tests
+# under compute-sanitizer memcheck, and the GPU tests built with ASan + UBSan.
+# Full logs go to $OUT (or ./device-out); the summary lines go to stdout.
+# SAMPLES=0, SANITIZE=0, ASAN=0 leave those stages out.
 set -u -o pipefail
 out=${OUT:-$PWD/device-out}
 mkdir -p "$out"
@@ -15,6 +16,7 @@ ninja -C "$build" >"$out/build.log" 2>&1; echo "build rc=$? warnings=$(grep -c '
 meson test -C "$build" -t "${TIMEOUT_MULTIPLIER:-0.25}" --print-errorlogs >"$out/test.log" 2>&1
 echo "meson test rc=$?"
 cp "$build/meson-logs/testlog.txt" "$out/testlog-full.log" 2>/dev/null
+grep -h "^SKIP:" "$out/testlog-full.log"  # why a test skipped (consumer: pkg-config missing?)
 grep -E "^ *[0-9]+/[0-9]+ |^(Ok|Fail|Skipped|Timeout): |test cases:|assertions:|ERROR:|values:|logged:|THREW|CRASHED" "$out/test.log" | head -60
 "$build"/samples/atomr-device-info --mib 64 --reps 5 >"$out/sample.log" 2>&1; echo "sample rc=$?"
 tail -22 "$out/sample.log"
@@ -41,10 +43,48 @@ fi
 # API errors are not counted: the tests provoke some on purpose (out of memory,
 # invalid launch) and assert them themselves; memcheck's job here is memory.
 if [ "${SANITIZE:-1}" = 1 ]; then
+  # shellcheck disable=SC2086  # SANITIZE_ARGS is a list of arguments
   timeout "${SANITIZE_TIMEOUT:-200}" compute-sanitizer --tool memcheck --report-api-errors no --error-exitcode 99 \
     "$build"/test/atomr_gpu_tests ${SANITIZE_ARGS:-} >"$out/sanitizer.log" 2>&1
-  echo "sanitizer rc=$?"
-  grep -E "ERROR SUMMARY|test cases:|assertions:|ERROR:|CRASHED|THREW" "$out/sanitizer.log" | head -20
+  rc=$?
+  summary=$(grep -m1 "ERROR SUMMARY" "$out/sanitizer.log" || echo "no ERROR SUMMARY line (timed out or crashed)")
+  echo "sanitizer rc=$rc: $summary"
+  grep -E "test cases:|assertions:|ERROR:|CRASHED|THREW" "$out/sanitizer.log" | head -20
+fi
+# The GPU tests (and the fault scenarios, one process each) built with
+# AddressSanitizer + UndefinedBehaviorSanitizer in a build dir of their own.
+# protect_shadow_gap=0: the CUDA driver maps memory inside ASan's shadow gap;
+# detect_leaks=0: the driver keeps allocations until exit, which LeakSanitizer
+# would report. UBSan findings abort (-fno-sanitize-recover).
+if [ "${ASAN:-1}" = 1 ]; then
+  asan_build=${ASAN_BUILD:-build-gpu-asan}
+  if [ ! -d "$asan_build" ] && ! meson setup "$asan_build" --buildtype=debugoptimized \
+    -Db_sanitize=address,undefined -Db_lundef=false -Dcpp_args=-fno-sanitize-recover=all \
+    -Dsamples=false -Dbenchmarks=false >"$out/asan-setup.log" 2>&1; then
+    echo "asan setup failed"; tail -20 "$out/asan-setup.log"
+  else
+    ninja -C "$asan_build" test/atomr_gpu_tests test/atomr_gpu_fault_tests test/atomr_cpu_tests \
+      >"$out/asan-build.log" 2>&1
+    echo "asan build rc=$? warnings=$(grep -c 'warning:' "$out/asan-build.log")"
+    asan_run() {
+      local name=$1; shift
+      ASAN_OPTIONS=${ASAN_GPU_OPTIONS:-protect_shadow_gap=0:detect_leaks=0} \
+        UBSAN_OPTIONS=${UBSAN_GPU_OPTIONS:-halt_on_error=1:print_stacktrace=1} \
+        timeout "${ASAN_TIMEOUT:-400}" "$@" >"$out/asan-$name.log" 2>&1
+      local rc=$?
+      echo "asan $name rc=$rc: asan errors=$(grep -c 'ERROR: AddressSanitizer' "$out/asan-$name.log")" \
+        "ubsan errors=$(grep -c 'runtime error:' "$out/asan-$name.log")" \
+        "$(grep -m1 -E '^\[doctest\] test cases:' "$out/asan-$name.log" || echo '(no doctest summary)')"
+      grep -m3 -E "ERROR: AddressSanitizer|runtime error:|SUMMARY: " "$out/asan-$name.log"
+    }
+    # shellcheck disable=SC2086  # ASAN_ARGS is a list of arguments
+    asan_run gpu "$asan_build"/test/atomr_gpu_tests ${ASAN_ARGS:-}
+    asan_run cpu "$asan_build"/test/atomr_cpu_tests
+    for strategy in event_poll host_fn blocking_sync; do
+      asan_run "fault-$strategy" "$asan_build"/test/atomr_gpu_fault_tests \
+        "--test-case=fault awaited by $strategy*"
+    done
+  fi
 fi
 # The device tool brings back only a few files: pack the logs into one.
 (cd "$out" && tar czf logs.tgz --remove-files ./*.log 2>/dev/null)

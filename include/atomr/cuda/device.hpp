@@ -122,6 +122,12 @@ struct pinned_block;
 /// opening the same ordinal again while a handle lives returns that state
 /// (the first opener's executor and options win).
 ///
+/// Lifetime: the device must not outlive the io_context (execution context)
+/// of the executor it was opened on; its timers and pollers run there. Every
+/// copy, and everything that holds one (gpu_ref, streams from
+/// acquire_stream(), library actors, coroutines still running), must be
+/// destroyed before that io_context is: declare the io_context first.
+///
 /// Thread safety: all members may be called from any thread.
 class device {
 public:

@@ -67,7 +67,9 @@ template <class T>
 struct is_element<T, std::void_t<decltype(dtype_of_impl<T>::value)>> : std::true_type {};
 }  // namespace detail
 
-/// The types device buffers may hold (ARCHITECTURE.md layer 3).
+/// The types device buffers may hold: those with a dtype above (float, double,
+/// half, bfloat16, std::complex<float>, std::complex<double>, int8/32/64 and
+/// uint8/32/64).
 template <class T>
 concept element = detail::is_element<T>::value;
 

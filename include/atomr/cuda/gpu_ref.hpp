@@ -17,6 +17,9 @@ namespace atomr::cuda {
 /// uses it) is gone. Every use validates the generation: after a sticky
 /// fault or device stop the ref yields errc::stale_ref, never a dangling
 /// pointer. Thread-safe to copy and pass between threads.
+///
+/// Lifetime: a gpu_ref holds its device, so like the device it must not
+/// outlive the io_context the device was opened on (see device).
 template <element T>
 class gpu_ref {
 public:
