@@ -121,8 +121,9 @@ struct fault_fixture : gpu_fixture {
     REQUIRE_FALSE(r);
     CHECK(a.error().code() == errc::context_poisoned);
     CHECK(r.error().code() == errc::context_poisoned);
-    const auto& first = dev.fault()->message();
-    CHECK(first.find("cudaErrorIllegalAddress") != std::string::npos);
+    const auto fault = dev.fault();  // a copy: message() refers into it
+    REQUIRE(fault);
+    CHECK(fault->message().find("cudaErrorIllegalAddress") != std::string::npos);
     CHECK(r.error().message().find("cudaErrorIllegalAddress") != std::string::npos);
   }
 };
