@@ -185,8 +185,10 @@ struct blas_state {
   /// cuBLASLt handle. Costs a few ms (cublasCreate).
   result<std::unique_ptr<blas_lane>> make_lane();
   /// The lane for the next operation (lane_set::pick).
-  blas_lane& lane() {
-    return lanes.pick([this](std::size_t) { return make_lane(); });
+  /// The lane for an operation writing the buffer `key` (docs/design.md,
+  /// "One actor, several lanes"); null: the calling thread's lane.
+  blas_lane& lane(const void* key = nullptr) {
+    return lanes.pick([this](std::size_t) { return make_lane(); }, key);
   }
 };
 
@@ -677,7 +679,7 @@ asio::awaitable<result<gpu_ref<T>>> do_gemm(state_ptr st, gemm_params p, gpu_ref
   auto g = detail::check_gemm(p, a.size(), b.size(), c.size());
   if (!g) co_return tag(g.error());
   if (auto ok = check_abc("gemm", st->dev, a, b, c, g.value()); !ok) co_return tag(ok.error());
-  auto& lane = st->lane();
+  auto& lane = st->lane(c.state().get());
   using keep =
       std::tuple<gpu_ref<T>, gpu_ref<T>, std::shared_ptr<const detail::recorded_exec>, state_ptr>;
   co_return co_await run_kernel(k_lib, lane.strm, st->how, c, [&](launch& l) -> result<keep> {
@@ -748,7 +750,7 @@ asio::awaitable<result<gpu_ref<T>>> do_gemm_batched(state_ptr st, gemm_params p,
   auto plan = detail::check_gemm_batched(p, bp, a.size(), b.size(), c.size());
   if (!plan) co_return tag(plan.error());
   if (auto ok = check_abc(op, st->dev, a, b, c, plan.value().g); !ok) co_return tag(ok.error());
-  auto& lane = st->lane();
+  auto& lane = st->lane(c.state().get());
   using keep = std::tuple<gpu_ref<T>, gpu_ref<T>, state_ptr>;
   co_return co_await run_kernel(k_lib, lane.strm, st->how, c, [&](launch& l) -> result<keep> {
     BOOST_OUTCOME_TRY(const T* pa, l.read(a));
@@ -857,7 +859,7 @@ asio::awaitable<result<gpu_ref<T>>> do_gemv(state_ptr st, gemv_params p, gpu_ref
   }();
   if (!checked) co_return tag(checked.error());
   using keep = std::tuple<gpu_ref<T>, gpu_ref<T>, state_ptr>;
-  auto& lane = st->lane();
+  auto& lane = st->lane(y.state().get());
   co_return co_await run_kernel(k_lib, lane.strm, st->how, y, [&](launch& l) -> result<keep> {
     BOOST_OUTCOME_TRY(const T* pa, l.read(a));
     BOOST_OUTCOME_TRY(const T* px, l.read(x));
@@ -889,7 +891,7 @@ asio::awaitable<result<gpu_ref<T>>> do_axpy(state_ptr st, std::int64_t n, double
   }();
   if (!checked) co_return tag(checked.error());
   using keep = std::tuple<gpu_ref<T>, state_ptr>;
-  auto& lane = st->lane();
+  auto& lane = st->lane(y.state().get());
   co_return co_await run_kernel(k_lib, lane.strm, st->how, y, [&](launch& l) -> result<keep> {
     BOOST_OUTCOME_TRY(const T* px, l.read(x));
     BOOST_OUTCOME_TRY(T * py, l.write(y));
@@ -912,7 +914,7 @@ asio::awaitable<result<gpu_ref<T>>> do_scal(state_ptr st, std::int64_t n, double
   if (!pr) co_return tag(pr.error());
   const auto& p = pr.value();
   if (auto ok = check_arg(op, "x", x, st->dev, p.x_elems); !ok) co_return tag(ok.error());
-  auto& lane = st->lane();
+  auto& lane = st->lane(x.state().get());
   co_return co_await run_kernel(k_lib, lane.strm, st->how, x, [&](launch& l) -> result<state_ptr> {
     BOOST_OUTCOME_TRY(T * px, l.write(x));
     cublasStatus_t s;

@@ -454,8 +454,10 @@ struct cudnn_state {
     return std::make_unique<cudnn_lane>(dev, std::move(s), cfg);
   }
   /// The lane for the next operation (lane_set::pick).
-  cudnn_lane& lane() {
-    return lanes.pick([this](std::size_t) { return make_lane(); });
+  /// The lane for an operation writing the buffer `key` (docs/design.md,
+  /// "One actor, several lanes"); null: the calling thread's lane.
+  cudnn_lane& lane(const void* key = nullptr) {
+    return lanes.pick([this](std::size_t) { return make_lane(); }, key);
   }
 };
 
@@ -620,7 +622,7 @@ asio::awaitable<result<gpu_ref<T>>> conv2d(std::shared_ptr<cudnn_state> st, tens
   using keep_t = std::tuple<gpu_ref<T>, gpu_ref<T>, gpu_ref<T>, std::shared_ptr<conv_plan>,
                             gpu_ref<std::uint8_t>, std::shared_ptr<const recorded_exec>,
                             std::shared_ptr<cudnn_state>>;
-  cudnn_lane* lane = &st->lane();
+  cudnn_lane* lane = &st->lane(y.state().get());
   co_return co_await run_kernel(
       "cudnn", lane->strm, st->how, y,
       [st, lane, shape_key, lay, x, filter, bias, y, has_bias](launch& l) -> result<keep_t> {
@@ -689,7 +691,7 @@ asio::awaitable<result<gpu_ref<T>>> activation(std::shared_ptr<cudnn_state> st, 
   BOOST_OUTCOME_CO_TRY(auto elems, check_tensor_shape(op, "shape", s));
   BOOST_OUTCOME_CO_TRY(check_activation(op, p));
   BOOST_OUTCOME_CO_TRY(check_io(op, *st, x, elems, y, elems, true));
-  cudnn_lane* lane = &st->lane();
+  cudnn_lane* lane = &st->lane(y.state().get());
   co_return co_await run_kernel(
       "cudnn", lane->strm, st->how, y,
       [st, lane, s, p, x, y](launch& l) -> result<std::tuple<gpu_ref<T>, keep_io>> {
@@ -736,7 +738,7 @@ asio::awaitable<result<gpu_ref<T>>> softmax(std::shared_ptr<cudnn_state> st, ten
   BOOST_OUTCOME_CO_TRY(auto elems, check_tensor_shape(op, "shape", s));
   BOOST_OUTCOME_CO_TRY(check_softmax(op, a));
   BOOST_OUTCOME_CO_TRY(check_io(op, *st, x, elems, y, elems, false));
-  cudnn_lane* lane = &st->lane();
+  cudnn_lane* lane = &st->lane(y.state().get());
   co_return co_await run_kernel(
       "cudnn", lane->strm, st->how, y,
       [st, lane, s, a, x, y](launch& l) -> result<std::tuple<gpu_ref<T>, keep_io>> {
@@ -761,7 +763,7 @@ asio::awaitable<result<gpu_ref<T>>> pooling(std::shared_ptr<cudnn_state> st, ten
   BOOST_OUTCOME_CO_TRY(st->dev.status());
   BOOST_OUTCOME_CO_TRY(auto ys, check_pooling(op, xs, p));
   BOOST_OUTCOME_CO_TRY(check_io(op, *st, x, xs.elements(), y, ys.elements(), false));
-  cudnn_lane* lane = &st->lane();
+  cudnn_lane* lane = &st->lane(y.state().get());
   co_return co_await run_kernel(
       "cudnn", lane->strm, st->how, y,
       [st, lane, xs, ys, p, x, y](launch& l) -> result<std::tuple<gpu_ref<T>, keep_io>> {
@@ -808,7 +810,7 @@ asio::awaitable<result<gpu_ref<T>>> batchnorm(std::shared_ptr<cudnn_state> st, t
   }
   using keep_t = std::tuple<gpu_ref<T>, gpu_ref<float>, gpu_ref<float>, gpu_ref<float>,
                             gpu_ref<float>, keep_io>;
-  cudnn_lane* lane = &st->lane();
+  cudnn_lane* lane = &st->lane(y.state().get());
   co_return co_await run_kernel(
       "cudnn", lane->strm, st->how, y,
       [st, lane, s, eps, x, scale, bias, mean, var, y](launch& l) -> result<keep_t> {

@@ -203,8 +203,10 @@ struct fft_state {
     return std::make_unique<fft_lane>(dev, std::move(s), plan_cache_size);
   }
   /// The lane for the next operation (lane_set::pick).
-  fft_lane& lane() {
-    return lanes.pick([this](std::size_t) { return make_lane(); });
+  /// The lane for an operation writing the buffer `key` (docs/design.md,
+  /// "One actor, several lanes"); null: the calling thread's lane.
+  fft_lane& lane(const void* key = nullptr) {
+    return lanes.pick([this](std::size_t) { return make_lane(); }, key);
   }
 };
 
@@ -379,7 +381,7 @@ asio::awaitable<result<gpu_ref<Out>>> execute(std::shared_ptr<fft_state> st, fft
   const auto key = make_plan_key(shape, tr::type);
   const int dir = shape.direction == fft_direction::forward ? CUFFT_FORWARD : CUFFT_INVERSE;
   using keep_t = std::tuple<gpu_ref<In>, std::shared_ptr<fft_plan>, std::shared_ptr<fft_state>>;
-  fft_lane* lane = &st->lane();
+  fft_lane* lane = &st->lane(out.state().get());
   co_return co_await run_kernel(
       "cufft", lane->strm, st->how, out,
       [st, lane, shape, lay, key, dir, in, out](launch& l) -> result<keep_t> {

@@ -269,8 +269,10 @@ struct rng_state {
   /// A new lane: its stream and a generator seeded with the current seed.
   result<std::unique_ptr<rng_lane>> make_lane();
   /// The lane for the next operation (lane_set::pick).
-  rng_lane& lane() {
-    return lanes.pick([this](std::size_t) { return make_lane(); });
+  /// The lane for an operation writing the buffer `key` (docs/design.md,
+  /// "One actor, several lanes"); null: the calling thread's lane.
+  rng_lane& lane(const void* key = nullptr) {
+    return lanes.pick([this](std::size_t) { return make_lane(); }, key);
   }
   /// Several lanes: reserves the next `span` positions of the sequence and
   /// points `l`'s generator at them (reseeding it first if set_seed ran
@@ -328,7 +330,7 @@ asio::awaitable<result<gpu_ref<T>>> generate(std::shared_ptr<rng_state> st, std:
   if (auto ok = st->accepting(); !ok) co_return ok.error().tagged(k_lib);
   if (auto ok = check_ref(op, "out", out, st->dev, 0); !ok) co_return ok.error().tagged(k_lib);
   if (!pre) co_return pre.error().tagged(k_lib);
-  auto& lane = st->lane();
+  auto& lane = st->lane(out.state().get());
   co_return co_await run_kernel(
       k_lib, lane.strm, st->how, out, [&](launch& l) -> result<std::shared_ptr<generator>> {
         BOOST_OUTCOME_TRY(T * p, l.write(out));

@@ -125,8 +125,9 @@ TEST_CASE("max_lanes: 0 to 64 are accepted, more is invalid_argument") {
   CHECK(detail::check_rng_options({.max_lanes = 2}));
   // Any generator accepts a max_lanes; only Philox uses more than one lane.
   CHECK(detail::check_rng_options({.kind = rng_kind::xorwow, .max_lanes = 8}));
-  for (auto k : {rng_kind::philox4_32_10, rng_kind::xorwow, rng_kind::mrg32k3a, rng_kind::mtgp32, rng_kind::sobol32,
-                 rng_kind::scrambled_sobol32, rng_kind::sobol64, rng_kind::scrambled_sobol64})
+  for (auto k : {rng_kind::philox4_32_10, rng_kind::xorwow, rng_kind::mrg32k3a, rng_kind::mtgp32,
+                 rng_kind::sobol32, rng_kind::scrambled_sobol32, rng_kind::sobol64,
+                 rng_kind::scrambled_sobol64})
     CHECK_FALSE(detail::rng_lanes_allowed(k));
 #endif
 }
@@ -293,7 +294,6 @@ TEST_CASE("lane_set: many threads picking while holding their lane make at most 
   for (std::size_t i = 0; i < s.size(); ++i) CHECK(s.at(i).index == i);
   CHECK(*seen.rbegin() < s.size());
 }
-
 
 #if ATOMR_CUDA_HAS_CURAND
 TEST_CASE("rng_sequence_span: one position per 32-bit value, two per double") {

@@ -136,20 +136,30 @@ public:
   Lane& first() const noexcept { return *slots_[0]; }
   Lane& at(std::size_t i) const noexcept { return *slots_[i]; }
 
-  /// The lane for one operation: the calling thread's own lane of this set.
-  /// Each thread that submits to the set is given the next lane index in
-  /// turn (modulo the limit) the first time it does, and keeps it, so T io
-  /// threads use min(T, limit) lanes, each fed by "its" threads: their
-  /// operations queue on one stream and are launched there in batches, as
-  /// with one actor per thread (docs/design.md, "One actor, several
-  /// lanes"). A lane is made (`make(index)` -> result<std::unique_ptr<Lane>>,
-  /// under a creation lock: a few ms, once per lane) when a thread is first
-  /// given an index not made yet. A lane that could not be made stops the
-  /// growth (the error is dropped: the existing lanes serve). Never blocks,
-  /// except while a lane is made.
+  /// The lane for one operation. Lanes in use: one per thread that has
+  /// submitted to this set, up to the limit (so one io thread keeps one
+  /// lane, as before lanes). With a `key` (the buffer the operation writes)
+  /// the lane is chosen by the key among the lanes in use: the operations
+  /// on one buffer go to one stream, so a coroutine that reuses its buffers
+  /// keeps feeding one stream (its operations join that stream's batches,
+  /// as with an actor per coroutine group), and two operations writing one
+  /// buffer are also in stream order. Without a key: the thread's own lane
+  /// (each thread is given the next index in turn). A lane is made
+  /// (`make(index)` -> result<std::unique_ptr<Lane>>, under a creation
+  /// lock: a few ms, once per lane) when an index not made yet is chosen. A
+  /// lane that could not be made stops the growth (the error is dropped: the
+  /// existing lanes serve). Never blocks, except while a lane is made.
   template <class Make>
-  Lane& pick(Make&& make) {
-    const std::size_t want = thread_index();
+  Lane& pick(Make&& make, const void* key = nullptr) {
+    const std::size_t mine = thread_index();
+    std::size_t want = mine;
+    if (key) {
+      const std::size_t in_use =
+          std::clamp<std::size_t>(assigned_.load(std::memory_order_relaxed), 1, limit_);
+      auto h = static_cast<std::uint64_t>(reinterpret_cast<std::uintptr_t>(key) >> 4);
+      h *= 0x9E3779B97F4A7C15ull;
+      want = static_cast<std::size_t>(h >> 32) % in_use;
+    }
     std::size_t n = size();
     if (want < n) return *slots_[want];
     if (!growth_stopped()) {
@@ -205,7 +215,7 @@ private:
 
   const std::uint64_t id_ = next_id();
   std::array<std::unique_ptr<Lane>, max_lanes_limit> slots_{};  // [0, count_) are set
-  std::atomic<std::size_t> assigned_{0};  // threads given a lane index so far
+  std::atomic<std::size_t> assigned_{0};                        // threads given a lane index so far
   std::atomic<std::size_t> count_{0};
   const std::size_t limit_;
   std::mutex grow_mu_;  // held while a lane is made
