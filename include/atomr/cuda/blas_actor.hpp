@@ -60,8 +60,9 @@ struct blas_options {
   /// a workspace that could not be made falls back to cublasSgemm.
   bool lt_matmul = true;
   /// The most lanes (a stream, a cuBLAS handle bound to it, its workspace
-  /// and caches each) the actor may make. It starts with one and adds one
-  /// when an operation finds every lane busy (a few ms, once), so that
+  /// and caches each) the actor may make. It uses one lane per io thread
+  /// that submits to it, up to this many, made on first use (a few ms,
+  /// once); an operation goes to the lane its written buffer hashes to, so
   /// operations from several threads launch in parallel (docs/design.md,
   /// "One actor, several lanes"). 0: the device's launch_threads (8 by
   /// default; 8 without launch threads). 1: one handle on one stream, as
@@ -175,9 +176,10 @@ result<void> check_disjoint(std::string_view op, std::string_view out, std::size
 
 /// cuBLAS on one device, in lanes: each lane is a cuBLAS handle bound once
 /// to a stream of its own (host pointer mode), with its own workspace and
-/// caches. The actor starts with one lane and makes another (up to
-/// blas_options::max_lanes) when an operation finds every lane busy, so one
-/// actor shared by many io threads launches on as many streams. A copyable
+/// caches. The actor uses one lane per io thread that submits to it (up to
+/// blas_options::max_lanes), an operation going to the lane its written
+/// buffer hashes to, so one actor shared by many io threads launches on as
+/// many streams. A copyable
 /// handle: copies share the lanes. Operations may be awaited from any number
 /// of threads; each lane's enqueues are serialised by a mutex held only
 /// during the synchronous cuBLAS calls, never while the GPU runs. Ordering

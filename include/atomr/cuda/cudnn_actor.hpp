@@ -113,8 +113,8 @@ struct cudnn_options {
   /// it (cudaGraphLaunch instead of cudnnBackendExecute's host work).
   bool cuda_graphs = true;
   /// The most lanes (a stream, a cuDNN handle bound to it, its plans and
-  /// workspace each) the actor may make. It starts with one and adds one
-  /// when an operation finds every lane busy, so that operations from
+  /// workspace each) the actor may make: one per io thread that submits to
+  /// it, an operation going to the lane its output hashes to, so that operations from
   /// several threads launch in parallel (docs/design.md, "One actor, several
   /// lanes"); a lane makes its handle and plans on first use. 0: the
   /// device's launch_threads (8 by default; 8 without launch threads). 1:
@@ -207,10 +207,10 @@ struct cudnn_state;
 
 /// One cuDNN user: a copyable handle over a shared state (its device and its
 /// lanes: each a stream, a cuDNN handle bound to it, a cache of convolution
-/// algorithms and a workspace). The actor starts with one lane and makes
-/// another (up to cudnn_options::max_lanes) when an operation finds every
-/// lane busy, so one actor shared by many io threads launches on as many
-/// streams.
+/// algorithms and a workspace). The actor uses one lane per io thread that
+/// submits to it (up to cudnn_options::max_lanes), an operation going to the
+/// lane its output hashes to, so one actor shared by many io threads
+/// launches on as many streams.
 ///
 /// Every operation checks all its arguments before any GPU call
 /// (invalid_argument naming the argument), fails at once when the device no

@@ -71,8 +71,8 @@ struct fft_options {
   /// its last exec ends).
   std::size_t plan_cache_size = 16;
   /// The most lanes (a stream with its own plans each) the actor may make.
-  /// It starts with one and adds one when a transform finds every lane busy,
-  /// so that transforms from several threads launch in parallel
+  /// It uses one per io thread that submits to it, a transform going to the
+  /// lane its output hashes to, so that transforms from several threads launch in parallel
   /// (docs/design.md, "One actor, several lanes"); a lane makes its own
   /// plans on first use. 0: the device's launch_threads (8 by default; 8
   /// without launch threads). 1: one stream, as before lanes. At most 64.
@@ -160,9 +160,10 @@ struct fft_state;
 /// One cuFFT user: a copyable handle over a shared state (its device and its
 /// lanes: each a stream, a plan cache whose plans are bound to that stream
 /// and, once a normalised transform is asked for, a cuBLAS handle bound to
-/// the same stream). The actor starts with one lane and makes another (up
-/// to fft_options::max_lanes) when a transform finds every lane busy, so
-/// one actor shared by many io threads launches on as many streams.
+/// the same stream). The actor uses one lane per io thread that submits to
+/// it (up to fft_options::max_lanes), a transform going to the lane its
+/// output hashes to, so one actor shared by many io threads launches on as
+/// many streams.
 ///
 /// Every operation checks all its arguments before any GPU call
 /// (invalid_argument naming the argument), fails at once when the device no

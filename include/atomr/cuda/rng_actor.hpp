@@ -55,8 +55,8 @@ struct rng_options {
   /// How completion is awaited; unset: the device's default strategy.
   std::optional<completion> how{};
   /// The most lanes (a stream and a generator bound to it each) the actor
-  /// may make; it starts with one and adds one when an operation finds every
-  /// lane busy (docs/design.md, "One actor, several lanes"). 0: the device's
+  /// may make (one per submitting io thread; docs/design.md, "One actor,
+  /// several lanes"). 0: the device's
   /// launch_threads (8 by default; 8 without launch threads). 1: one
   /// generator, as before lanes. At most 64. Every generator keeps one lane
   /// for now (lib/rng_actor.cpp, rng_lanes_allowed, says why); Philox would get
@@ -128,10 +128,12 @@ result<void> check_rng_raw_bits(std::string_view op, rng_kind k, unsigned bits);
 /// The sequence: operations take consecutive ranges of it, in the order
 /// their enqueues run, so one coroutine issuing operations one after the
 /// other gets the same numbers for the same seed and offset every time, and
-/// operations running at the same time never share numbers. With one lane
+/// operations running at the same time never share numbers. For now every
+/// actor has one lane (rng_lanes_allowed is false: lib/rng_actor.cpp says
+/// why), so what follows about several lanes is not reached. With one lane
 /// (rng_options::max_lanes = 1, or any generator but Philox) the generator
 /// moves on by itself, as cuRAND does. A Philox actor with more lanes starts
-/// with one and adds one when an operation finds every lane busy; each
+/// with one and adds one per submitting io thread; each
 /// operation then reserves the next rng_sequence_span positions and sets
 /// its lane's generator to them (curandSetGeneratorOffset), so which lane
 /// runs it does not change its numbers. A range is meant to be what cuRAND's
