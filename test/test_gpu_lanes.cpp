@@ -695,7 +695,8 @@ TEST_CASE_FIXTURE(lanes_fixture,
 }
 
 TEST_CASE_FIXTURE(lanes_fixture, "lanes: every generator keeps one lane under load") {
-  for (auto k : {rng_kind::philox4_32_10, rng_kind::xorwow, rng_kind::mrg32k3a, rng_kind::mtgp32, rng_kind::sobol32}) {
+  for (auto k : {rng_kind::philox4_32_10, rng_kind::xorwow, rng_kind::mrg32k3a, rng_kind::mtgp32,
+                 rng_kind::sobol32}) {
     CAPTURE(to_string(k));
     auto a = rng_actor::create(dev, {.kind = k}).value();
     constexpr std::size_t tasks = 64;
