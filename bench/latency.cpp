@@ -50,7 +50,7 @@ struct bench_state {
   cuda::stream s;
   cublasHandle_t h = nullptr;
   cuda::gpu_ref<float> a, b, c;  // 4096 x 4096 each; smaller work uses the front
-  cuda::gpu_ref<float> c4;        // c's first element: fill_bytes of 4 bytes
+  cuda::gpu_ref<float> c4;       // c's first element: fill_bytes of 4 bytes
   static constexpr int fill_bytes_work = -1;
 
   /// Enqueues the work on the stream (no wait).
@@ -231,12 +231,12 @@ int main(int argc, char** argv) {
   cublasSetStream(st->h, st->s.native_handle());
   cublasSetMathMode(st->h, CUBLAS_PEDANTIC_MATH);
 
-  const std::vector<work_spec> works = {{"empty", 0, static_cast<int>(reps)},
-                                        {"fill4", bench_state::fill_bytes_work,
-                                         static_cast<int>(reps)},
-                                        {"sgemm256", 256, static_cast<int>(reps)},
-                                        {"sgemm1024", 1024, static_cast<int>(reps)},
-                                        {"sgemm4096", big, static_cast<int>(reps_big)}};
+  const std::vector<work_spec> works = {
+      {"empty", 0, static_cast<int>(reps)},
+      {"fill4", bench_state::fill_bytes_work, static_cast<int>(reps)},
+      {"sgemm256", 256, static_cast<int>(reps)},
+      {"sgemm1024", 1024, static_cast<int>(reps)},
+      {"sgemm4096", big, static_cast<int>(reps_big)}};
   std::vector<bench::json> latency_rows, probe_rows, long_rows;
   double idle_pct = 0, long_default_pct = 0;
   int failures = 0;
