@@ -139,9 +139,19 @@ apt_usable() {
   command -v sudo >/dev/null 2>&1 && sudo -n true 2>/dev/null
 }
 
+# True when something the build cannot do without is missing (optional items
+# alone never start apt: on a machine without network, as the GPU machine,
+# that would only cost time).
+required_missing() {
+  local m
+  for m in "${missing[@]}"; do optional_missing "$m" || return 0; done
+  return 1
+}
+
 check_all
 tried_apt=0
-if [ ${#to_install[@]} -gt 0 ] && [ "${DEPS_NO_INSTALL:-0}" != 1 ] && apt_usable; then
+if [ ${#to_install[@]} -gt 0 ] && required_missing && [ "${DEPS_NO_INSTALL:-0}" != 1 ] &&
+  apt_usable; then
   tried_apt=1
   # One package may cover several items; install each once.
   pkgs=$(printf '%s\n' "${to_install[@]}" | sort -u | tr '\n' ' ')
