@@ -252,7 +252,8 @@ auto upload(pinned_buffer<T> src, gpu_ref<T> dst, Token&& token) {
 
 /// upload from pageable memory (a span, or an lvalue contiguous container) through
 /// `token`: completes with void(result<gpu_ref<T>>). `src` is copied into the
-/// staging buffer when the operation starts, after this call returns.
+/// staging buffer in this call, before it returns (the pageable upload stages
+/// at the call).
 template <detail::borrowed_host_range Src,
           result_token<gpu_ref<std::ranges::range_value_t<Src>>> Token>
 auto upload(Src&& src, gpu_ref<std::ranges::range_value_t<Src>> dst, transfer_options o,
