@@ -142,19 +142,23 @@ result<void> check_rng_options(const rng_options& o) {
   return check_max_lanes(op, o.max_lanes);
 }
 
-bool rng_lanes_allowed(rng_kind) noexcept {
-  // Philox lanes set their generator's offset to a range reserved per
-  // operation. On the H200 (2026-12-04) that reproduced one generator's raw
-  // and uniform values, but not its normal and log-normal ones: cuRAND moves
-  // the sequence by more than the values it returns there, by an amount it
-  // does not document. One generator keeps the promise of one sequence per
-  // seed; the lane code stays for when that amount is known.
-  return false;
+bool rng_lanes_allowed(rng_kind k) noexcept {
+  // Philox is counter based: a generator set to an offset (curandSetGeneratorOffset)
+  // produces exactly what one generator would there, so lanes can share one
+  // sequence by reserving a range per operation. The others keep one generator.
+  return k == rng_kind::philox4_32_10;
 }
 
 std::uint64_t rng_sequence_span(std::size_t count, std::size_t value_bytes) noexcept {
-  const std::uint64_t per_value = value_bytes > 4 ? 2 : 1;
-  return static_cast<std::uint64_t>(count) * per_value;
+  // 32-bit values (raw, float uniform/normal/log-normal, Poisson): cuRAND's
+  // Philox moves on by exactly `count` (measured on the H200 with cuRAND of
+  // CUDA 13 for counts 2 to 3e7), so the actor's sequence is a plain
+  // generator's. Doubles: the kernels read far more than 2 values each, laid
+  // out with a 2^18-position stride (count 3 reads positions [0, 262146)); the
+  // span covers everything they read, so no two operations share random bits.
+  if (value_bytes <= 4) return count;
+  constexpr std::uint64_t k_double_stride = std::uint64_t{1} << 18;
+  return 2 * static_cast<std::uint64_t>(count) + k_double_stride + 64;
 }
 
 result<void> check_rng_count(std::string_view op, rng_kind k, unsigned dimensions,
@@ -234,7 +238,7 @@ struct generator {
 struct rng_lane : lane_base {
   explicit rng_lane(stream s) noexcept : lane_base(std::move(s)) {}
   std::shared_ptr<generator> gen;  // guarded by mu (MTGP32's set_seed replaces it)
-  std::uint64_t epoch = 0;         // several lanes: the seed epoch `gen` is seeded for; same guard
+  std::uint64_t epoch = 0;         // Philox: the seed epoch `gen` is seeded for; same guard
 };
 
 struct rng_state {
@@ -244,7 +248,7 @@ struct rng_state {
         dimensions(dims),
         how(c),
         lane_streams(lp.streams),
-        reserve(lp.max_lanes > 1),
+        reserve(k == rng_kind::philox4_32_10),
         lanes(lp.max_lanes) {}
   rng_state(const rng_state&) = delete;
   rng_state& operator=(const rng_state&) = delete;
@@ -254,15 +258,15 @@ struct rng_state {
   const unsigned dimensions;
   const completion how;
   const stream_policy lane_streams;
-  /// Several lanes (Philox only): every generation takes the next range of
+  /// Philox (one lane or several): every generation takes the next range of
   /// the actor's one sequence (`next`) and sets its lane's generator to it
-  /// (curandSetGeneratorOffset). One lane: its generator moves on by itself,
-  /// as before lanes.
+  /// (curandSetGeneratorOffset), so the numbers do not depend on the lane
+  /// count. Other generators have one lane that moves on by itself.
   const bool reserve;
   std::mutex seq_mu;
   std::optional<std::uint64_t> seed;  ///< the last seed set (unset: cuRAND's default); seq_mu
-  std::uint64_t epoch = 0;            ///< several lanes: bumped by set_seed; seq_mu
-  std::uint64_t next = 0;             ///< several lanes: the next generation's offset; seq_mu
+  std::uint64_t epoch = 0;            ///< Philox: bumped by set_seed; seq_mu
+  std::uint64_t next = 0;             ///< Philox: the next generation's offset; seq_mu
   lane_set<rng_lane> lanes;
 
   result<void> accepting() const { return dev.status(); }
@@ -274,7 +278,7 @@ struct rng_state {
   rng_lane& lane(const void* key = nullptr) {
     return lanes.pick([this](std::size_t) { return make_lane(); }, key);
   }
-  /// Several lanes: reserves the next `span` positions of the sequence and
+  /// Philox: reserves the next `span` positions of the sequence and
   /// points `l`'s generator at them (reseeding it first if set_seed ran
   /// since it was last seeded). Lane lock held, device current.
   result<void> position(rng_lane& l, std::uint64_t span);

@@ -3,11 +3,14 @@
 // every result is right (against a CPU reference in double), dependent
 // operations issued from different threads through the one actor see each
 // other, max_lanes = 1 keeps one lane, a Philox actor's lanes give the
-// numbers one generator gives, and an actor's lanes give back everything
+// numbers cuRAND's own generator gives, and an actor's lanes give back everything
 // they held. Inputs are random, outputs NaN-filled before use.
 #include "gpu_fixture.hpp"
 
 #include <atomr/cuda.hpp>
+
+#include <cuda_runtime_api.h>
+#include <curand.h>
 
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/executor_work_guard.hpp>
@@ -534,34 +537,140 @@ TEST_CASE_FIXTURE(lanes_fixture,
 
 constexpr std::size_t block = 4096;
 
-/// The same operations, one after the other, on `a`; each output fresh.
+/// The same operations, one after the other; each output fresh.
 struct rng_outputs {
   std::vector<std::uint32_t> raw1, raw2, poisson_small, poisson_large;
   std::vector<float> uf, nf, lf;
   std::vector<double> ud, nd, ld;
 };
 
-rng_outputs sequential_draws(lanes_fixture& f, const rng_actor& a) {
+/// cuRAND's own Philox generator, called directly (the actor's reference).
+class plain_philox {
+public:
+  plain_philox(const device& d, std::uint64_t seed, std::uint64_t offset) {
+    REQUIRE(cudaSetDevice(d.ordinal()) == cudaSuccess);
+    REQUIRE(curandCreateGenerator(&g_, CURAND_RNG_PSEUDO_PHILOX4_32_10) == CURAND_STATUS_SUCCESS);
+    REQUIRE(curandSetPseudoRandomGeneratorSeed(g_, seed) == CURAND_STATUS_SUCCESS);
+    REQUIRE(curandSetGeneratorOffset(g_, offset) == CURAND_STATUS_SUCCESS);
+  }
+  plain_philox(const plain_philox&) = delete;
+  plain_philox& operator=(const plain_philox&) = delete;
+  ~plain_philox() { curandDestroyGenerator(g_); }
+  /// Runs `call(generator, pointer)` on the legacy stream and waits.
+  template <class T, class Call>
+  void fill(const gpu_ref<T>& out, Call call) {
+    T* p = out.unsafe_data().value();
+    REQUIRE(call(g_, p) == CURAND_STATUS_SUCCESS);
+    REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
+  }
+
+private:
+  curandGenerator_t g_ = nullptr;
+};
+
+/// One operation of the test's sequence: its size and what it does, as an
+/// actor operation and as a direct cuRAND call.
+template <class T, class ActorOp, class PlainOp>
+struct rng_step {
+  std::vector<T> rng_outputs::*out;
+  std::size_t n;
+  ActorOp actor;
+  PlainOp plain;
+};
+template <class T, class A, class P>
+rng_step<T, A, P> step(std::vector<T> rng_outputs::*out, std::size_t n, A a, P p) {
+  return {out, n, a, p};
+}
+
+/// Odd sizes, floats and (with `doubles`) doubles, distributions that use
+/// the sequence differently, Poisson with both of cuRAND's methods.
+template <class Visit>
+void rng_sequence(bool doubles, Visit&& v) {
+  using u32 = std::uint32_t;
+  using R = rng_outputs;
+  v(step(
+      &R::raw1, 1001, [](auto& a, auto b) { return a.raw(b); },
+      [](curandGenerator_t g, u32* p, std::size_t n) { return curandGenerate(g, p, n); }));
+  v(step(
+      &R::uf, 999, [](auto& a, auto b) { return a.uniform(b); },
+      [](curandGenerator_t g, float* p, std::size_t n) { return curandGenerateUniform(g, p, n); }));
+  if (doubles)
+    v(step(
+        &R::ud, 1003, [](auto& a, auto b) { return a.uniform(b); },
+        [](curandGenerator_t g, double* p, std::size_t n) {
+          return curandGenerateUniformDouble(g, p, n);
+        }));
+  v(step(
+      &R::nf, 1000, [](auto& a, auto b) { return a.normal(b, 0.0f, 1.0f); },
+      [](curandGenerator_t g, float* p, std::size_t n) {
+        return curandGenerateNormal(g, p, n, 0.0f, 1.0f);
+      }));
+  if (doubles)
+    v(step(
+        &R::nd, 1002, [](auto& a, auto b) { return a.normal(b, 1.0, 2.0); },
+        [](curandGenerator_t g, double* p, std::size_t n) {
+          return curandGenerateNormalDouble(g, p, n, 1.0, 2.0);
+        }));
+  v(step(
+      &R::lf, 2000, [](auto& a, auto b) { return a.log_normal(b, 0.0f, 0.5f); },
+      [](curandGenerator_t g, float* p, std::size_t n) {
+        return curandGenerateLogNormal(g, p, n, 0.0f, 0.5f);
+      }));
+  if (doubles)
+    v(step(
+        &R::ld, 502, [](auto& a, auto b) { return a.log_normal(b, 0.25, 0.5); },
+        [](curandGenerator_t g, double* p, std::size_t n) {
+          return curandGenerateLogNormalDouble(g, p, n, 0.25, 0.5);
+        }));
+  v(step(
+      &R::poisson_small, 777, [](auto& a, auto b) { return a.poisson(b, 5.0); },
+      [](curandGenerator_t g, u32* p, std::size_t n) {
+        return curandGeneratePoisson(g, p, n, 5.0);
+      }));
+  v(step(
+      &R::poisson_large, 1000, [](auto& a, auto b) { return a.poisson(b, 2000.0); },
+      [](curandGenerator_t g, u32* p, std::size_t n) {
+        return curandGeneratePoisson(g, p, n, 2000.0);
+      }));
+  v(step(
+      &R::raw2, 4097, [](auto& a, auto b) { return a.raw(b); },
+      [](curandGenerator_t g, u32* p, std::size_t n) { return curandGenerate(g, p, n); }));
+}
+
+/// The sequence on actor `a`, one operation after the other.
+rng_outputs actor_draws(lanes_fixture& f, const rng_actor& a, bool doubles) {
   rng_outputs o;
-  auto draw = [&](auto& out, std::size_t n, auto op) {
-    using T = typename std::decay_t<decltype(out)>::value_type;
-    auto buf = f.nan_buffer<T>(n);
-    auto r = f.run(op(buf));
+  rng_sequence(doubles, [&](auto st) {
+    using T = typename std::decay_t<decltype(o.*st.out)>::value_type;
+    auto buf = f.nan_buffer<T>(st.n);
+    auto r = f.run(st.actor(a, buf));
     REQUIRE_MESSAGE(r, (r ? "" : r.error().message()));
-    out = f.get(buf);
-  };
-  // Odd sizes, doubles and floats, distributions that use the sequence
-  // differently: each must move it on by exactly rng_sequence_span.
-  draw(o.raw1, 1001, [&](auto b) { return a.raw(b); });
-  draw(o.uf, 999, [&](auto b) { return a.uniform(b); });
-  draw(o.ud, 1003, [&](auto b) { return a.uniform(b); });
-  draw(o.nf, 1000, [&](auto b) { return a.normal(b, 0.0f, 1.0f); });
-  draw(o.nd, 1002, [&](auto b) { return a.normal(b, 1.0, 2.0); });
-  draw(o.lf, 2000, [&](auto b) { return a.log_normal(b, 0.0f, 0.5f); });
-  draw(o.ld, 502, [&](auto b) { return a.log_normal(b, 0.25, 0.5); });
-  draw(o.poisson_small, 777, [&](auto b) { return a.poisson(b, 5.0); });
-  draw(o.poisson_large, 1000, [&](auto b) { return a.poisson(b, 2000.0); });
-  draw(o.raw2, 4097, [&](auto b) { return a.raw(b); });
+    o.*st.out = f.get(buf);
+  });
+  return o;
+}
+
+/// The sequence on plain cuRAND generators: one generator moving on by
+/// itself (`fresh` false), or a fresh generator per operation set to the
+/// range the actor reserves for it (rng_sequence_span).
+rng_outputs plain_draws(lanes_fixture& f, std::uint64_t seed, std::uint64_t offset, bool doubles,
+                        bool fresh) {
+  rng_outputs o;
+  std::optional<plain_philox> one;
+  if (!fresh) one.emplace(f.dev, seed, offset);
+  std::uint64_t at = offset;
+  rng_sequence(doubles, [&](auto st) {
+    using T = typename std::decay_t<decltype(o.*st.out)>::value_type;
+    auto buf = f.nan_buffer<T>(st.n);
+    auto call = [&](curandGenerator_t g, T* p) { return st.plain(g, p, st.n); };
+    if (fresh) {
+      plain_philox(f.dev, seed, at).fill(buf, call);
+      at += detail::rng_sequence_span(st.n, sizeof(T));
+    } else {
+      one->fill(buf, call);
+    }
+    o.*st.out = f.get(buf);
+  });
   return o;
 }
 
@@ -579,18 +688,38 @@ void check_same(const rng_outputs& a, const rng_outputs& b) {
 }
 
 TEST_CASE_FIXTURE(lanes_fixture,
-                  "lanes: a Philox actor with lanes gives, one operation after another, "
-                  "the numbers of one generator") {
-  // max_lanes = 1: the generator moves on by itself (cuRAND), as before
-  // lanes. The default: each operation sets its lane's generator to the
-  // range it reserved. Both must give the same numbers.
-  auto one = rng_actor::create(dev, {.seed = 9, .max_lanes = 1}).value();
-  auto laned = rng_actor::create(dev, {.seed = 9}).value();
-  check_same(sequential_draws(*this, one), sequential_draws(*this, laned));
-  // From a starting offset too.
-  auto one_off = rng_actor::create(dev, {.seed = 9, .offset = 12345, .max_lanes = 1}).value();
-  auto laned_off = rng_actor::create(dev, {.seed = 9, .offset = 12345}).value();
-  check_same(sequential_draws(*this, one_off), sequential_draws(*this, laned_off));
+                  "lanes: a Philox actor gives, one operation after another, the numbers of "
+                  "cuRAND's own generator") {
+  for (std::uint64_t offset : {std::uint64_t{0}, std::uint64_t{12345}}) {
+    CAPTURE(offset);
+    auto one = rng_actor::create(dev, {.seed = 9, .offset = offset, .max_lanes = 1}).value();
+    auto laned = rng_actor::create(dev, {.seed = 9, .offset = offset}).value();
+    // 32-bit values only: exactly one plain generator moving on by itself.
+    const auto plain = plain_draws(*this, 9, offset, false, false);
+    CHECK(!plain.raw1.empty());
+    check_same(actor_draws(*this, one, false), plain);
+    check_same(actor_draws(*this, laned, false), plain);
+    // Doubles too: each operation is cuRAND's at the range the actor
+    // reserved for it (doubles reserve more than cuRAND moves on by).
+    auto one_d = rng_actor::create(dev, {.seed = 9, .offset = offset, .max_lanes = 1}).value();
+    auto laned_d = rng_actor::create(dev, {.seed = 9, .offset = offset}).value();
+    const auto placed = plain_draws(*this, 9, offset, true, true);
+    CHECK(!placed.ud.empty());
+    check_same(actor_draws(*this, one_d, true), placed);
+    check_same(actor_draws(*this, laned_d, true), placed);
+  }
+}
+
+/// `count` blocks of `block` raw values from one plain generator, one call
+/// per block (what one actor issuing them in a row must give).
+std::vector<std::vector<std::uint32_t>> plain_raw_blocks(lanes_fixture& f, std::uint64_t seed,
+                                                         std::uint64_t offset, std::size_t count) {
+  plain_philox g(f.dev, seed, offset);
+  auto bufs = f.nan_buffers<std::uint32_t>(count, block);
+  for (auto& b : bufs)
+    g.fill(b,
+           [](curandGenerator_t gen, std::uint32_t* p) { return curandGenerate(gen, p, block); });
+  return f.get_all(bufs);
 }
 
 asio::awaitable<void> raw_blocks(rng_actor a, std::vector<gpu_ref<std::uint32_t>>* outs,
@@ -615,18 +744,11 @@ TEST_CASE_FIXTURE(lanes_fixture,
   require_no_failures();
   const auto lanes = laned.statistics().lanes;
   CAPTURE(lanes);
-  CHECK(lanes == 1);  // rng_lanes_allowed: one generator (lib/rng_actor.cpp says why)
+  CHECK(lanes > 1);
 
-  // The reference: one generator, the same seed, `blocks` operations in a row.
-  auto one = rng_actor::create(dev, {.seed = 31, .max_lanes = 1}).value();
+  // The reference: cuRAND's generator, the same seed, `blocks` calls in a row.
   std::map<std::pair<std::uint32_t, std::uint32_t>, std::size_t> index;  // first two values
-  auto ref_bufs = nan_buffers<std::uint32_t>(blocks, block);
-  {
-    std::vector<asio::awaitable<result<gpu_ref<std::uint32_t>>>> draws;
-    for (auto& b : ref_bufs) draws.push_back(one.raw(b));
-    run_each(std::move(draws));  // one after another
-  }
-  const auto ref = get_all(ref_bufs);
+  const auto ref = plain_raw_blocks(*this, 31, 0, blocks);
   for (std::size_t j = 0; j < blocks; ++j) index[{ref[j][0], ref[j][1]}] = j;
   REQUIRE(index.size() == blocks);
   // Each concurrent output is one block of it, and every block came once.
@@ -677,15 +799,8 @@ TEST_CASE_FIXTURE(lanes_fixture,
     REQUIRE(done.load());
   }
   require_no_failures();
-  // What one generator seeded 77 gives from that offset, one block at a time.
-  auto one77 = rng_actor::create(dev, {.seed = 77, .offset = 3 * block, .max_lanes = 1}).value();
-  auto ref77_bufs = nan_buffers<std::uint32_t>(again.size(), block);
-  {
-    std::vector<asio::awaitable<result<gpu_ref<std::uint32_t>>>> draws;
-    for (auto& b : ref77_bufs) draws.push_back(one77.raw(b));
-    run_each(std::move(draws));
-  }
-  const auto ref77 = get_all(ref77_bufs);
+  // What cuRAND's generator seeded 77 gives from that offset, one block at a time.
+  const auto ref77 = plain_raw_blocks(*this, 77, 3 * block, again.size());
   const auto redrawn = get_all(again);
   for (std::size_t k = 0; k < again.size(); ++k) {
     CAPTURE(k);
@@ -694,7 +809,7 @@ TEST_CASE_FIXTURE(lanes_fixture,
   }
 }
 
-TEST_CASE_FIXTURE(lanes_fixture, "lanes: every generator keeps one lane under load") {
+TEST_CASE_FIXTURE(lanes_fixture, "lanes: only Philox gets several lanes under load") {
   for (auto k : {rng_kind::philox4_32_10, rng_kind::xorwow, rng_kind::mrg32k3a, rng_kind::mtgp32,
                  rng_kind::sobol32}) {
     CAPTURE(to_string(k));
@@ -705,8 +820,13 @@ TEST_CASE_FIXTURE(lanes_fixture, "lanes: every generator keeps one lane under lo
     for (std::size_t i = 0; i < tasks; ++i) outs[i] = {flat[2 * i], flat[2 * i + 1]};
     run_parallel(tasks, [&](std::size_t i) { return raw_blocks(a, &outs[i], &fail); });
     require_no_failures();
-    CHECK(a.statistics().lanes == 1);
-    // Every block written, and no two alike (one generator moving on).
+    const auto lanes = a.statistics().lanes;
+    CAPTURE(lanes);
+    if (k == rng_kind::philox4_32_10)
+      CHECK((lanes >= 1 && lanes <= io_threads));
+    else
+      CHECK(lanes == 1);
+    // Every block written, and no two alike (one sequence moving on).
     std::map<std::pair<std::uint32_t, std::uint32_t>, int> firsts;
     for (const auto& v : get_all(flat)) ++firsts[{v[0], v[1]}];
     CHECK(firsts.size() == tasks * 2);

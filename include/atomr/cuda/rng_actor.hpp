@@ -56,13 +56,11 @@ struct rng_options {
   std::optional<completion> how{};
   /// The most lanes (a stream and a generator bound to it each) the actor
   /// may make (one per submitting io thread; docs/design.md, "One actor,
-  /// several lanes"). 0: the device's
-  /// launch_threads (8 by default; 8 without launch threads). 1: one
-  /// generator, as before lanes. At most 64. Every generator keeps one lane
-  /// for now (lib/rng_actor.cpp, rng_lanes_allowed, says why); Philox would get
-  /// more than one lane: its lanes share the actor's one sequence by
-  /// setting their generator's offset to the range each operation reserves,
-  /// which is cheap for a counter-based generator. Every other kind keeps one
+  /// several lanes"). 0: the device's launch_threads (8 by default; 8
+  /// without launch threads). 1: one generator. At most 64. Only Philox gets
+  /// more than one lane: its lanes share the actor's one sequence by setting
+  /// their generator's offset to the range each operation reserves, which is
+  /// cheap for a counter-based generator. Every other kind keeps one
   /// generator whatever this says: XORWOW and MRG32k3a would rebuild their
   /// state at every offset change, MTGP32 cannot skip ahead, and the Sobol
   /// generators' points are laid out by dimension.
@@ -95,10 +93,11 @@ bool is_64bit(rng_kind k) noexcept;
 result<void> check_rng_options(const rng_options& o);
 /// True for the generators that may have several lanes (Philox).
 bool rng_lanes_allowed(rng_kind k) noexcept;
-/// Positions (32-bit values) of a pseudo-random sequence that generating
-/// `count` values of `value_bytes` bytes each uses: one per 32-bit value,
-/// two per double (cuRAND makes a double from two 32-bit values). An actor
-/// with several lanes reserves this much of its sequence per operation.
+/// Positions (32-bit values) of a Philox sequence that one operation making
+/// `count` values of `value_bytes` bytes each reserves: `count` for 32-bit
+/// values (exactly what cuRAND's generator moves on by), 2 * count + 2^18 +
+/// 64 for doubles (what cuRAND's double kernels read, measured on the H200;
+/// docs/design.md, "One random sequence per seed").
 std::uint64_t rng_sequence_span(std::size_t count, std::size_t value_bytes) noexcept;
 /// set_seed: only pseudo-random generators have a seed.
 result<void> check_rng_seed(rng_kind k);
@@ -128,18 +127,17 @@ result<void> check_rng_raw_bits(std::string_view op, rng_kind k, unsigned bits);
 /// The sequence: operations take consecutive ranges of it, in the order
 /// their enqueues run, so one coroutine issuing operations one after the
 /// other gets the same numbers for the same seed and offset every time, and
-/// operations running at the same time never share numbers. For now every
-/// actor has one lane (rng_lanes_allowed is false: lib/rng_actor.cpp says
-/// why), so what follows about several lanes is not reached. With one lane
-/// (rng_options::max_lanes = 1, or any generator but Philox) the generator
-/// moves on by itself, as cuRAND does. A Philox actor with more lanes starts
-/// with one and adds one per submitting io thread; each
-/// operation then reserves the next rng_sequence_span positions and sets
-/// its lane's generator to them (curandSetGeneratorOffset), so which lane
-/// runs it does not change its numbers. A range is meant to be what cuRAND's
-/// generator moves on by itself (one position per 32-bit value, two per
-/// double), so that both give the same numbers; test/test_gpu_lanes.cpp
-/// compares the two on the GPU.
+/// operations running at the same time never share numbers. A Philox actor
+/// starts with one lane and adds one per submitting io thread (up to
+/// rng_options::max_lanes); each operation reserves the next
+/// rng_sequence_span positions and sets its lane's generator to them
+/// (curandSetGeneratorOffset), so neither the lane count nor which lane runs
+/// an operation changes its numbers. While only 32-bit values are drawn the
+/// sequence is exactly a plain cuRAND Philox generator's used the same way;
+/// a double operation reserves more than cuRAND moves on by (so no two
+/// operations share random bits), after which the two differ.
+/// test/test_gpu_lanes.cpp checks both on the GPU. Other generators have one
+/// lane whose generator moves on by itself, as cuRAND does.
 ///
 /// Every operation fills all of `out` and yields it; arguments are checked
 /// before any GPU call (invalid_argument naming the argument), and once the
