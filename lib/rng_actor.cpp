@@ -4,6 +4,8 @@
 #include "atomr/cuda/detail/actor_core.hpp"
 #include "atomr/cuda/run_kernel.hpp"
 
+#include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <memory>
 #include <mutex>
@@ -209,8 +211,6 @@ result<void> check_rng_raw_bits(std::string_view op, rng_kind k, unsigned bits) 
   return outcome::success();
 }
 
-/// The shared state behind rng_actor handles. Operations keep it alive until
-/// the GPU is done with them (it is their run_kernel keep-alive).
 /// One cuRAND generator. Shared by the actor and by every kernel in flight
 /// that uses it (its state lives in device memory), so a generator replaced
 /// by set_seed on MTGP32 is destroyed only after its last kernel ends.
@@ -234,13 +234,22 @@ struct generator {
 };
 
 /// One lane of an rng_actor (docs/design.md, "One actor, several lanes"):
-/// a generator bound to the lane's stream.
+/// a generator bound to the lane's stream. Philox lanes draw from a block of
+/// the actor's sequence, [cursor, end), one operation after another, so the
+/// generator is already where the next operation starts and no offset is
+/// set (curandSetGeneratorOffset waits for the whole device). Guarded by mu.
 struct rng_lane : lane_base {
   explicit rng_lane(stream s) noexcept : lane_base(std::move(s)) {}
-  std::shared_ptr<generator> gen;  // guarded by mu (MTGP32's set_seed replaces it)
-  std::uint64_t epoch = 0;         // Philox: the seed epoch `gen` is seeded for; same guard
+  std::shared_ptr<generator> gen;  // MTGP32's set_seed replaces it
+  std::uint64_t epoch = 0;         // Philox: the seed epoch of `gen` and of the block
+  std::uint64_t cursor = 0;        // Philox: the next operation's start
+  std::uint64_t end = 0;           // Philox: the block's end (cursor == end: no block)
+  bool placed = false;             // Philox: the generator is at `cursor`
+  std::uint64_t repositions = 0;   // curandSetGeneratorOffset calls made for operations
 };
 
+/// The shared state behind rng_actor handles. Operations keep it alive until
+/// the GPU is done with them (it is their run_kernel keep-alive).
 struct rng_state {
   rng_state(device d, rng_kind k, unsigned dims, completion c, lane_policy lp)
       : dev(std::move(d)),
@@ -248,7 +257,7 @@ struct rng_state {
         dimensions(dims),
         how(c),
         lane_streams(lp.streams),
-        reserve(k == rng_kind::philox4_32_10),
+        blocks(k == rng_kind::philox4_32_10),
         lanes(lp.max_lanes) {}
   rng_state(const rng_state&) = delete;
   rng_state& operator=(const rng_state&) = delete;
@@ -258,30 +267,30 @@ struct rng_state {
   const unsigned dimensions;
   const completion how;
   const stream_policy lane_streams;
-  /// Philox (one lane or several): every generation takes the next range of
-  /// the actor's one sequence (`next`) and sets its lane's generator to it
-  /// (curandSetGeneratorOffset), so the numbers do not depend on the lane
-  /// count. Other generators have one lane that moves on by itself.
-  const bool reserve;
+  /// Philox (one lane or several): each lane takes blocks of
+  /// rng_lane_block positions from the actor's sequence (`next`) and its
+  /// operations take consecutive ranges of its block. Other generators have
+  /// one lane that moves on by itself.
+  const bool blocks;
   std::mutex seq_mu;
-  std::optional<std::uint64_t> seed;  ///< the last seed set (unset: cuRAND's default); seq_mu
-  std::uint64_t epoch = 0;            ///< Philox: bumped by set_seed; seq_mu
-  std::uint64_t next = 0;             ///< Philox: the next generation's offset; seq_mu
+  std::optional<std::uint64_t> seed;    ///< the last seed set (unset: cuRAND's default); seq_mu
+  std::atomic<std::uint64_t> epoch{0};  ///< Philox: bumped by set_seed and set_offset; seq_mu
+  std::uint64_t next = 0;               ///< Philox: the next block's start; seq_mu
   lane_set<rng_lane> lanes;
 
   result<void> accepting() const { return dev.status(); }
   /// A new lane: its stream and a generator seeded with the current seed.
   result<std::unique_ptr<rng_lane>> make_lane();
-  /// The lane for the next operation (lane_set::pick).
   /// The lane for an operation writing the buffer `key` (docs/design.md,
   /// "One actor, several lanes"); null: the calling thread's lane.
   rng_lane& lane(const void* key = nullptr) {
     return lanes.pick([this](std::size_t) { return make_lane(); }, key);
   }
-  /// Philox: reserves the next `span` positions of the sequence and
-  /// points `l`'s generator at them (reseeding it first if set_seed ran
-  /// since it was last seeded). Lane lock held, device current.
-  result<void> position(rng_lane& l, std::uint64_t span);
+  /// Philox: the start of the next `span` positions of `l`'s block (a new
+  /// block when it has not that many left, or set_seed or set_offset ran),
+  /// with `l`'s generator pointed there (reseeded first after set_seed).
+  /// Lane lock held, device current.
+  result<std::uint64_t> position(rng_lane& l, std::uint64_t span);
 };
 
 namespace {
@@ -339,10 +348,18 @@ asio::awaitable<result<gpu_ref<T>>> generate(std::shared_ptr<rng_state> st, std:
       k_lib, lane.strm, st->how, out, [&](launch& l) -> result<std::shared_ptr<generator>> {
         BOOST_OUTCOME_TRY(T * p, l.write(out));
         std::lock_guard lock(lane.mu);
-        if (st->reserve) {
+        // Doubles: what cuRAND's double kernels give depends on how the
+        // generator reached its position, not only on the position (seen on
+        // the H200), and where they leave it is not always known: a double
+        // operation sets its offset first, and the next operation sets it again.
+        constexpr bool doubles = sizeof(T) > 4;
+        if (st->blocks) {
+          if (doubles) lane.placed = false;
           BOOST_OUTCOME_TRY(st->position(lane, rng_sequence_span(out.size(), sizeof(T))));
         }
-        BOOST_OUTCOME_TRY(curand_ok(call(lane.gen->gen, p, out.size()), call_name));
+        auto ok = curand_ok(call(lane.gen->gen, p, out.size()), call_name);
+        if (!ok || doubles) lane.placed = false;  // a failed call: its position is unknown
+        if (!ok) return ok.error();
         return lane.gen;  // the generator (and its state memory) outlives the kernel
       });
 }
@@ -360,30 +377,52 @@ result<std::unique_ptr<rng_lane>> rng_state::make_lane() {
   {
     std::lock_guard lk(seq_mu);
     sd = seed;
-    lane->epoch = epoch;  // a set_seed after this reseeds it at its first generation
-  }
+    lane->epoch = epoch.load(std::memory_order_relaxed);  // its first block is taken at its
+  }                                                       // first operation
   BOOST_OUTCOME_TRY(lane->gen, make_generator(*this, lane->strm, sd, 0));
   return lane;
 }
 
-result<void> rng_state::position(rng_lane& l, std::uint64_t span) {
-  std::uint64_t start = 0, ep = 0;
-  std::optional<std::uint64_t> sd;
-  {
-    std::lock_guard lk(seq_mu);
-    start = next;
-    next += span;  // wraps after 2^64 positions, as cuRAND's offset does
-    ep = epoch;
-    sd = seed;
-  }
-  if (l.epoch != ep) {
-    if (sd) {
-      BOOST_OUTCOME_TRY(curand_ok(curandSetPseudoRandomGeneratorSeed(l.gen->gen, *sd),
-                                  "curandSetPseudoRandomGeneratorSeed"));
+result<std::uint64_t> rng_state::position(rng_lane& l, std::uint64_t span) {
+  // Unsigned arithmetic: positions wrap after 2^64, as cuRAND's offset does.
+  if (l.epoch != epoch.load(std::memory_order_acquire) || l.end - l.cursor < span) {
+    std::optional<std::uint64_t> sd;
+    std::uint64_t start = 0, ep = 0;
+    const std::uint64_t take = std::max(rng_lane_block, span);
+    {
+      std::lock_guard lk(seq_mu);
+      start = next;
+      next += take;
+      ep = epoch.load(std::memory_order_relaxed);
+      sd = seed;
     }
-    l.epoch = ep;
+    if (l.epoch == ep && start == l.end) {
+      // The block right after this lane's last one (one lane, or no other
+      // lane took a block since): the block grows, so one lane's operations
+      // stay end to end, and the generator stays where it is.
+      l.end = start + take;
+    } else {
+      l.placed = false;
+      if (l.epoch != ep) {
+        if (sd) {
+          BOOST_OUTCOME_TRY(curand_ok(curandSetPseudoRandomGeneratorSeed(l.gen->gen, *sd),
+                                      "curandSetPseudoRandomGeneratorSeed"));
+        }
+        l.epoch = ep;
+      }
+      l.cursor = start;
+      l.end = start + take;
+    }
   }
-  return curand_ok(curandSetGeneratorOffset(l.gen->gen, start), "curandSetGeneratorOffset");
+  if (!l.placed) {
+    BOOST_OUTCOME_TRY(
+        curand_ok(curandSetGeneratorOffset(l.gen->gen, l.cursor), "curandSetGeneratorOffset"));
+    ++l.repositions;
+    l.placed = true;
+  }
+  const std::uint64_t at = l.cursor;
+  l.cursor += span;
+  return at;
 }
 
 }  // namespace detail
@@ -407,12 +446,17 @@ result<rng_actor> rng_actor::create(device dev, rng_options options) {
       dev.options());
   auto st = std::make_shared<detail::rng_state>(dev, options.kind, options.dimensions, how, lanes);
   st->seed = options.seed;
-  st->next = options.offset;
   auto s = dev.acquire_stream(lanes.streams, detail::k_lib);
   if (!s) return s.error().tagged(detail::k_lib);
   auto first = std::make_unique<detail::rng_lane>(std::move(s).value());
   BOOST_OUTCOME_TRY(first->gen,
                     detail::make_generator(*st, first->strm, options.seed, options.offset));
+  if (st->blocks) {  // the first block starts at the offset, where the generator is
+    first->cursor = options.offset;
+    first->end = options.offset + detail::rng_lane_block;
+    first->placed = true;
+    st->next = first->end;
+  }
   st->lanes.install_first(std::move(first));
   return rng_actor(std::move(st));
 }
@@ -528,12 +572,12 @@ asio::awaitable<result<gpu_ref<std::uint64_t>>> rng_actor::raw(gpu_ref<std::uint
 result<void> rng_actor::set_seed(std::uint64_t seed) const {
   if (auto ok = st_->accepting(); !ok) return ok.error().tagged(detail::k_lib);
   if (auto ok = detail::check_rng_seed(st_->kind); !ok) return ok.error().tagged(detail::k_lib);
-  if (st_->reserve) {
+  if (st_->blocks) {
     // Each lane's generator is reseeded at its next generation (epoch).
     std::lock_guard lk(st_->seq_mu);
     st_->seed = seed;
-    ++st_->epoch;
     st_->next = 0;
+    st_->epoch.fetch_add(1, std::memory_order_release);
     return outcome::success();
   }
   auto& lane = st_->lanes.first();  // the only one
@@ -555,9 +599,11 @@ result<void> rng_actor::set_offset(std::uint64_t offset) const {
   if (auto ok = st_->accepting(); !ok) return ok.error().tagged(detail::k_lib);
   if (auto ok = detail::check_rng_offset(st_->kind, offset); !ok)
     return ok.error().tagged(detail::k_lib);
-  if (st_->reserve) {
+  if (st_->blocks) {
+    // Each lane takes a new block at its next generation (epoch).
     std::lock_guard lk(st_->seq_mu);
     st_->next = offset;
+    st_->epoch.fetch_add(1, std::memory_order_release);
     return outcome::success();
   }
   auto& lane = st_->lanes.first();  // the only one
@@ -578,6 +624,7 @@ result<void> rng_actor::set_offset(std::uint64_t offset) const {
 rng_statistics rng_actor::statistics() const {
   rng_statistics s;
   s.lanes = st_->lanes.size();
+  st_->lanes.for_each_locked([&](const detail::rng_lane& l) { s.repositions += l.repositions; });
   return s;
 }
 

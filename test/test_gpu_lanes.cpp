@@ -699,6 +699,11 @@ TEST_CASE_FIXTURE(lanes_fixture,
     CHECK(!plain.raw1.empty());
     check_same(actor_draws(*this, one, false), plain);
     check_same(actor_draws(*this, laned, false), plain);
+    // One lane from the offset on: its generator never had to be moved
+    // (curandSetGeneratorOffset waits for the whole device).
+    CHECK(one.statistics().repositions == 0);
+    CHECK(laned.statistics().lanes == 1);
+    CHECK(laned.statistics().repositions == 0);
     // Doubles too: each operation is cuRAND's at the range the actor
     // reserved for it (doubles reserve more than cuRAND moves on by).
     auto one_d = rng_actor::create(dev, {.seed = 9, .offset = offset, .max_lanes = 1}).value();
@@ -707,11 +712,50 @@ TEST_CASE_FIXTURE(lanes_fixture,
     CHECK(!placed.ud.empty());
     check_same(actor_draws(*this, one_d, true), placed);
     check_same(actor_draws(*this, laned_d, true), placed);
+    // Each of the 3 double operations sets its offset, and so does the
+    // 32-bit operation after it; nothing else moves the generator.
+    CHECK(one_d.statistics().repositions == 6);
+    CHECK(laned_d.statistics().repositions == 6);
   }
 }
 
+TEST_CASE_FIXTURE(lanes_fixture,
+                  "lanes: double operations of any size are cuRAND's at their range, and so "
+                  "is what follows them") {
+  // Sizes on both sides of the 2^18 steps of cuRAND's double layout.
+  constexpr std::size_t k18 = std::size_t{1} << 18;
+  const std::vector<std::size_t> sizes{2,       k18 - 33,     k18 - 32, k18 - 1,
+                                       k18 + 5, 2 * k18 - 32, 3000001};
+  auto a = rng_actor::create(dev, {.seed = 5, .offset = 77, .max_lanes = 1}).value();
+  std::uint64_t at = 77;
+  for (std::size_t n : sizes) {
+    CAPTURE(n);
+    auto d = nan_buffer<double>(n);
+    auto r = run(a.uniform(d));
+    REQUIRE_MESSAGE(r, (r ? "" : r.error().message()));
+    auto after = nan_buffer<std::uint32_t>(4097);
+    auto r2 = run(a.raw(after));
+    REQUIRE_MESSAGE(r2, (r2 ? "" : r2.error().message()));
+    // cuRAND at the ranges the actor takes: n doubles at `at`, then 4097 raw
+    // values right after the doubles' span.
+    auto ref_d = nan_buffer<double>(n);
+    plain_philox(dev, 5, at).fill(ref_d, [n](curandGenerator_t g, double* p) {
+      return curandGenerateUniformDouble(g, p, n);
+    });
+    at += detail::rng_sequence_span(n, sizeof(double));
+    auto ref_raw = nan_buffer<std::uint32_t>(4097);
+    plain_philox(dev, 5, at).fill(ref_raw, [](curandGenerator_t g, std::uint32_t* p) {
+      return curandGenerate(g, p, 4097);
+    });
+    at += 4097;
+    CHECK(get(d) == get(ref_d));
+    CHECK(get(after) == get(ref_raw));
+  }
+  CHECK(a.statistics().repositions == 2 * sizes.size());
+}
+
 /// `count` blocks of `block` raw values from one plain generator, one call
-/// per block (what one actor issuing them in a row must give).
+/// per block (what one lane issuing them in a row must give).
 std::vector<std::vector<std::uint32_t>> plain_raw_blocks(lanes_fixture& f, std::uint64_t seed,
                                                          std::uint64_t offset, std::size_t count) {
   plain_philox g(f.dev, seed, offset);
@@ -720,6 +764,48 @@ std::vector<std::vector<std::uint32_t>> plain_raw_blocks(lanes_fixture& f, std::
     g.fill(b,
            [](curandGenerator_t gen, std::uint32_t* p) { return curandGenerate(gen, p, block); });
   return f.get_all(bufs);
+}
+
+/// Which part of a laned Philox actor's sequence each output came from:
+/// lane blocks start at `base + k * rng_lane_block` (k < `lanes`), and a
+/// lane's operations run end to end in its block.
+struct lane_block_match {
+  std::size_t wrong = 0;       ///< outputs that are no block's
+  std::size_t repeated = 0;    ///< parts of the sequence given out twice
+  std::size_t holes = 0;       ///< lanes whose outputs do not run end to end from their start
+  std::size_t lanes_used = 0;  ///< blocks that gave at least one output
+  bool first_used = false;     ///< the block at `base` gave one
+};
+lane_block_match match_lane_blocks(lanes_fixture& f, std::uint64_t seed, std::uint64_t base,
+                                   std::size_t lanes,
+                                   const std::vector<std::vector<std::uint32_t>>& outputs) {
+  const std::size_t per_lane = outputs.size();  // one lane could have made them all
+  std::vector<std::vector<std::vector<std::uint32_t>>> ref;
+  std::map<std::pair<std::uint32_t, std::uint32_t>, std::pair<std::size_t, std::size_t>> index;
+  for (std::size_t k = 0; k < lanes; ++k) {
+    ref.push_back(plain_raw_blocks(f, seed, base + k * detail::rng_lane_block, per_lane));
+    for (std::size_t j = 0; j < per_lane; ++j) index[{ref[k][j][0], ref[k][j][1]}] = {k, j};
+  }
+  REQUIRE(index.size() == lanes * per_lane);
+  lane_block_match m;
+  std::vector<std::vector<int>> seen(lanes, std::vector<int>(per_lane, 0));
+  for (const auto& v : outputs) {
+    auto it = index.find({v[0], v[1]});
+    if (it == index.end() || ref[it->second.first][it->second.second] != v) {
+      ++m.wrong;
+      continue;
+    }
+    if (++seen[it->second.first][it->second.second] > 1) ++m.repeated;
+  }
+  for (const auto& s : seen) {
+    const auto used = static_cast<std::size_t>(std::count(s.begin(), s.end(), 1));
+    if (used > 0) ++m.lanes_used;
+    if (used > 0 && &s == &seen.front()) m.first_used = true;
+    if (!std::all_of(s.begin(), s.begin() + static_cast<std::ptrdiff_t>(used),
+                     [](int c) { return c == 1; }))
+      ++m.holes;
+  }
+  return m;
 }
 
 asio::awaitable<void> raw_blocks(rng_actor a, std::vector<gpu_ref<std::uint32_t>>* outs,
@@ -732,7 +818,7 @@ asio::awaitable<void> raw_blocks(rng_actor a, std::vector<gpu_ref<std::uint32_t>
 
 TEST_CASE_FIXTURE(lanes_fixture,
                   "lanes: one Philox actor on 8 io threads: every operation gets its own "
-                  "range of the one sequence") {
+                  "range of the one sequence, and no lane moves its generator per operation") {
   constexpr std::size_t tasks = 256, per_task = 4, blocks = tasks * per_task;
   auto laned = rng_actor::create(dev, {.seed = 31}).value();
   const auto flat = nan_buffers<std::uint32_t>(blocks, block);
@@ -742,28 +828,23 @@ TEST_CASE_FIXTURE(lanes_fixture,
                    flat.begin() + static_cast<std::ptrdiff_t>((i + 1) * per_task));
   run_parallel(tasks, [&](std::size_t i) { return raw_blocks(laned, &outs[i], &fail); });
   require_no_failures();
-  const auto lanes = laned.statistics().lanes;
-  CAPTURE(lanes);
-  CHECK(lanes > 1);
+  const auto st = laned.statistics();
+  CAPTURE(st.lanes);
+  CAPTURE(st.repositions);
+  CHECK(st.lanes > 1);
 
-  // The reference: cuRAND's generator, the same seed, `blocks` calls in a row.
-  std::map<std::pair<std::uint32_t, std::uint32_t>, std::size_t> index;  // first two values
-  const auto ref = plain_raw_blocks(*this, 31, 0, blocks);
-  for (std::size_t j = 0; j < blocks; ++j) index[{ref[j][0], ref[j][1]}] = j;
-  REQUIRE(index.size() == blocks);
-  // Each concurrent output is one block of it, and every block came once.
-  std::vector<int> seen(blocks, 0);
-  std::size_t wrong = 0;
-  for (const auto& v : get_all(flat)) {
-    auto it = index.find({v[0], v[1]});
-    if (it == index.end() || ref[it->second] != v) {
-      ++wrong;
-      continue;
-    }
-    ++seen[it->second];
-  }
-  CHECK(wrong == 0);
-  CHECK(std::count(seen.begin(), seen.end(), 1) == static_cast<long>(blocks));
+  // The reference: cuRAND's generator, the same seed, from each lane's block
+  // start, one call per block in a row.
+  const auto drawn = get_all(flat);
+  const auto m = match_lane_blocks(*this, 31, 0, st.lanes, drawn);
+  CHECK(m.wrong == 0);
+  CHECK(m.repeated == 0);
+  CHECK(m.holes == 0);
+  CHECK(m.lanes_used > 1);
+  // The first lane's generator starts where the actor was created; every
+  // other lane that ran an operation moved its generator once, to its block.
+  CHECK(m.first_used);
+  CHECK(st.repositions == m.lanes_used - 1);
 
   // set_seed restarts the sequence on every lane (with another seed);
   // set_offset moves it. The draws hop threads, so they run on several lanes
@@ -799,14 +880,18 @@ TEST_CASE_FIXTURE(lanes_fixture,
     REQUIRE(done.load());
   }
   require_no_failures();
-  // What cuRAND's generator seeded 77 gives from that offset, one block at a time.
-  const auto ref77 = plain_raw_blocks(*this, 77, 3 * block, again.size());
   const auto redrawn = get_all(again);
-  for (std::size_t k = 0; k < again.size(); ++k) {
-    CAPTURE(k);
-    CHECK(redrawn[k] == ref77[k]);
-    CHECK(redrawn[k] != ref[3 + k]);  // the new seed, not the old one
-  }
+  // The first operation after set_offset starts exactly there (cuRAND's
+  // generator seeded 77 at that offset); the rest come from the lanes'
+  // new blocks, from that offset on.
+  const auto ref77 = plain_raw_blocks(*this, 77, 3 * block, 1);
+  CHECK(redrawn[0] == ref77[0]);
+  const auto m77 = match_lane_blocks(*this, 77, 3 * block, laned.statistics().lanes, redrawn);
+  CHECK(m77.wrong == 0);
+  CHECK(m77.repeated == 0);
+  CHECK(m77.holes == 0);
+  const auto ref31 = plain_raw_blocks(*this, 31, 0, 1);
+  for (const auto& v : redrawn) CHECK(v != ref31[0]);  // the new seed, not the old one
 }
 
 TEST_CASE_FIXTURE(lanes_fixture, "lanes: only Philox gets several lanes under load") {

@@ -57,10 +57,11 @@ struct rng_options {
   /// The most lanes (a stream and a generator bound to it each) the actor
   /// may make (one per submitting io thread; docs/design.md, "One actor,
   /// several lanes"). 0: the device's launch_threads (8 by default; 8
-  /// without launch threads). 1: one generator. At most 64. Only Philox gets
-  /// more than one lane: its lanes share the actor's one sequence by setting
-  /// their generator's offset to the range each operation reserves, which is
-  /// cheap for a counter-based generator. Every other kind keeps one
+  /// without launch threads). 1: one generator, and numbers in submission
+  /// order (see rng_actor). At most 64. Only Philox gets more than one
+  /// lane: its lanes share the actor's one sequence by drawing from blocks
+  /// of it, a counter-based generator being set to a block's start once.
+  /// Every other kind keeps one
   /// generator whatever this says: XORWOW and MRG32k3a would rebuild their
   /// state at every offset change, MTGP32 cannot skip ahead, and the Sobol
   /// generators' points are laid out by dimension.
@@ -70,6 +71,14 @@ struct rng_options {
 /// A snapshot of an rng_actor's counts.
 struct rng_statistics {
   std::size_t lanes = 0;  ///< lanes made so far (rng_options::max_lanes)
+  /// Philox: operations that had to point their lane's generator at a new
+  /// position (curandSetGeneratorOffset). Each makes cuRAND wait, on the
+  /// calling thread, for all work queued on the device; they happen when a
+  /// lane starts a block of the sequence that does not follow its last one
+  /// (a lane's first operation, after set_seed or set_offset, a block used
+  /// up with several lanes), for every double operation and the one after
+  /// it, and after a failed cuRAND call.
+  std::uint64_t repositions = 0;
 };
 
 namespace detail {
@@ -94,11 +103,13 @@ result<void> check_rng_options(const rng_options& o);
 /// True for the generators that may have several lanes (Philox).
 bool rng_lanes_allowed(rng_kind k) noexcept;
 /// Positions (32-bit values) of a Philox sequence that one operation making
-/// `count` values of `value_bytes` bytes each reserves: `count` for 32-bit
+/// `count` values of `value_bytes` bytes each takes: `count` for 32-bit
 /// values (exactly what cuRAND's generator moves on by), 2 * count + 2^18 +
 /// 64 for doubles (what cuRAND's double kernels read, measured on the H200;
 /// docs/design.md, "One random sequence per seed").
 std::uint64_t rng_sequence_span(std::size_t count, std::size_t value_bytes) noexcept;
+/// Philox: the positions a lane takes from its actor's sequence at a time (2^36).
+inline constexpr std::uint64_t rng_lane_block = std::uint64_t{1} << 36;
 /// set_seed: only pseudo-random generators have a seed.
 result<void> check_rng_seed(rng_kind k);
 /// set_offset: MTGP32 cannot skip ahead (only 0 is accepted).
@@ -124,19 +135,25 @@ result<void> check_rng_raw_bits(std::string_view op, rng_kind k, unsigned bits);
 /// held only around the synchronous cuRAND calls, never while the GPU works).
 /// Several rng_actors may exist, each with its own sequence.
 ///
-/// The sequence: operations take consecutive ranges of it, in the order
-/// their enqueues run, so one coroutine issuing operations one after the
-/// other gets the same numbers for the same seed and offset every time, and
-/// operations running at the same time never share numbers. A Philox actor
-/// starts with one lane and adds one per submitting io thread (up to
-/// rng_options::max_lanes); each operation reserves the next
-/// rng_sequence_span positions and sets its lane's generator to them
-/// (curandSetGeneratorOffset), so neither the lane count nor which lane runs
-/// an operation changes its numbers. While only 32-bit values are drawn the
-/// sequence is exactly a plain cuRAND Philox generator's used the same way;
-/// a double operation reserves more than cuRAND moves on by (so no two
-/// operations share random bits), after which the two differ.
-/// test/test_gpu_lanes.cpp checks both on the GPU. Other generators have one
+/// The sequence: every operation takes its own range of it, so operations
+/// never share random bits. One lane (an actor used by one coroutine at a
+/// time, or max_lanes = 1) takes the ranges end to end in the order its
+/// enqueues run: one coroutine issuing operations one after the other gets
+/// the same numbers for the same seed and offset every time, and while only
+/// 32-bit values are drawn they are exactly a plain cuRAND Philox
+/// generator's used the same way (a double operation takes more of the
+/// sequence than cuRAND moves on by, so no two operations share bits; after
+/// one the two differ; each double operation is cuRAND's with its generator
+/// set to its range, which costs a wait for the device: see
+/// rng_statistics::repositions). A Philox actor adds a lane per submitting io thread
+/// (up to rng_options::max_lanes); each lane takes blocks of rng_lane_block
+/// (2^36) positions from the sequence, from the offset on, and its
+/// operations run end to end in its block, so no lane ever moves its
+/// generator (curandSetGeneratorOffset makes cuRAND wait for the whole
+/// device) except at its first operation and after set_seed or set_offset.
+/// With several lanes which range an operation gets depends on which lane
+/// runs it: numbers are then reproducible only per lane. test/test_gpu_lanes.cpp
+/// checks all of this against cuRAND on the GPU. Other generators have one
 /// lane whose generator moves on by itself, as cuRAND does.
 ///
 /// Every operation fills all of `out` and yields it; arguments are checked
@@ -235,15 +252,18 @@ public:
 
   /// Sets the seed (pseudo-random generators only) and restarts the sequence
   /// at offset 0, so that the same seed gives the same numbers again. Takes
-  /// effect for operations issued after it returns. With several lanes no
-  /// cuRAND call is made here: each lane's generator is reseeded at its
-  /// next operation (a cuRAND error then fails that operation).
+  /// effect for operations issued after it returns. Philox makes no cuRAND
+  /// call here: each lane's generator is reseeded at its next operation (a
+  /// cuRAND error then fails that operation), which starts a new block
+  /// (the first lane to run one gets offset 0).
   result<void> set_seed(std::uint64_t seed) const;
-  /// Moves to the absolute position `offset`. MTGP32 cannot skip ahead: it
-  /// accepts only 0, which restarts its sequence from the current seed.
+  /// Moves to the absolute position `offset` (Philox: the next block
+  /// starts there, and every lane takes a new one at its next operation).
+  /// MTGP32 cannot skip ahead: it accepts only 0, which restarts its
+  /// sequence from the current seed.
   result<void> set_offset(std::uint64_t offset) const;
 
-  /// The lane count; no GPU call, no lock.
+  /// The lane count and repositions; no GPU call (each lane's lock, briefly).
   rng_statistics statistics() const;
 
   rng_kind kind() const noexcept;
