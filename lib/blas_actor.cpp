@@ -934,6 +934,11 @@ asio::awaitable<result<gpu_ref<T>>> do_scal(state_ptr st, std::int64_t n, double
 template <class R, class Keep, class Prepare>
 asio::awaitable<result<R>> scalar_op(state_ptr st, std::string_view call_name, Keep inputs,
                                      Prepare prepare) {
+  if (detail::unit_of(co_await asio::this_coro::executor))
+    co_return tag(make_error(errc::not_supported,
+                             std::string(call_name) +
+                                 ": yields a host value the GPU computes, known only after its "
+                                 "wait: not available as a step of compose() (await it alone)"));
   // The scratch scalar is allocated on the lane's stream: no cross-stream wait.
   auto& lane = st->lane();
   auto scratch = st->dev.allocate<R>(1, lane.strm);

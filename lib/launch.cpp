@@ -116,6 +116,18 @@ void launch::succeed() {
   counted_ = false;
 }
 
+namespace detail {
+void settle_unit_op(const stream& s, const gpu_error* e) {
+  if (!s) return;
+  auto& d = *s.state()->owner;
+  d.in_flight.add(-1);
+  if (e)
+    d.failed.add(1);
+  else
+    d.completed.add(1);
+}
+}  // namespace detail
+
 void launch::park(std::shared_ptr<detail::pooled_event> done, std::shared_ptr<void> keep_alive) {
   stream_.state()->owner->park(std::move(done), std::move(keep_alive));
 }

@@ -144,7 +144,8 @@ asio::awaitable<result<pinned_buffer<T>>> download(gpu_ref<T> src, pinned_buffer
 
 /// Copies device memory into pageable host memory, staged through a pinned
 /// buffer. `dst` is written only on success, after the GPU finished; after a
-/// timeout or cancellation it is left untouched.
+/// timeout or cancellation it is left untouched. As a step of compose(),
+/// `dst` is written when the unit's wait has ended successfully.
 template <element T>
 asio::awaitable<result<void>> download(gpu_ref<T> src, std::span<T> dst, transfer_options o = {}) {
   BOOST_OUTCOME_CO_TRY(detail::same_size("download", src.size(), dst.size()));
@@ -152,6 +153,13 @@ asio::awaitable<result<void>> download(gpu_ref<T> src, std::span<T> dst, transfe
   BOOST_OUTCOME_CO_TRY(auto staging, device(src.state()->dev).allocate_pinned<T>(src.size()));
   BOOST_OUTCOME_CO_TRY(auto got,
                        co_await download(std::move(src), std::move(staging), std::move(o)));
+  if (auto* unit = detail::unit_of(co_await asio::this_coro::executor)) {
+    // A step of compose(): the DMA is only enqueued; the copy out of the
+    // staging block runs when the unit's wait has ended.
+    unit->finalizers.push_back(
+        [got, dst] { std::memcpy(static_cast<void*>(dst.data()), got.data(), dst.size_bytes()); });
+    co_return outcome::success();
+  }
   std::memcpy(static_cast<void*>(dst.data()), got.data(), dst.size_bytes());
   co_return outcome::success();
 }

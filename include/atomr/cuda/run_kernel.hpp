@@ -3,12 +3,14 @@
 
 #include <atomr/cuda/async.hpp>
 #include <atomr/cuda/completion.hpp>
+#include <atomr/cuda/detail/unit_recorder.hpp>
 #include <atomr/cuda/device.hpp>
 #include <atomr/cuda/error.hpp>
 #include <atomr/cuda/gpu_ref.hpp>
 #include <atomr/cuda/stream.hpp>
 
 #include <boost/asio/awaitable.hpp>
+#include <boost/asio/this_coro.hpp>
 #include <boost/asio/use_awaitable.hpp>
 
 #include <algorithm>
@@ -110,6 +112,9 @@ public:
   void succeed();
   /// Hands `keep_alive` to the device until `done` completes.
   void park(std::shared_ptr<detail::pooled_event> done, std::shared_ptr<void> keep_alive);
+  /// Inside a composed unit: the operation stays counted in flight after this
+  /// launch ends; the unit settles it (detail::settle_unit_op) when it ends.
+  void hand_over() noexcept { counted_ = false; }
 
 private:
   result<void*> access(const std::shared_ptr<detail::buffer_state>& st, bool write);
@@ -173,6 +178,10 @@ void park_with_output(launch& l, std::shared_ptr<pooled_event> done, K&& keep, O
   l.park(std::move(done), std::make_shared<both>(std::forward<K>(keep), std::forward<O>(output)));
 }
 
+/// Ends the count of one operation a unit took over (launch::hand_over):
+/// completed, or failed with `e`.
+void settle_unit_op(const stream& s, const gpu_error* e);
+
 template <class F>
 auto call_enqueue(F& f, launch& l) {
   using R = std::invoke_result_t<F&, launch&>;
@@ -181,6 +190,30 @@ auto call_enqueue(F& f, launch& l) {
   } else {
     return result<R>(f(l));
   }
+}
+/// run_kernel inside a composed unit (docs/design.md, "Composed units"):
+/// the same checks and enqueue, one event recorded after it (later steps on
+/// other streams wait on it through the buffers' stamps), and the keep-alive
+/// with the output handed to the unit, which waits once for all its steps.
+/// Never the batch path: the enqueue runs now, in step order.
+template <class O, class Enqueue>
+result<O> enqueue_in_unit(unit_recorder& u, std::string_view library, stream s, completion how,
+                          O output, Enqueue& enqueue) {
+  static_assert(std::is_copy_constructible_v<O>, "a unit keeps a copy of each step's output");
+  launch l(std::move(s), library);
+  if (auto ok = l.begin(); !ok) return l.fail(ok.error());
+  if (auto ok = check_completion(how); !ok) return l.fail(ok.error());
+  if (auto ok = declare_output(l, output); !ok) return l.fail(ok.error());
+  if (auto ok = l.make_current(); !ok) return l.fail(ok.error());
+  auto keep = call_enqueue(enqueue, l);
+  if (!keep) return l.fail(keep.error());
+  auto done = l.commit(false);
+  if (!done) return l.fail(done.error());
+  using both = std::pair<typename enqueue_keep<Enqueue>::type, O>;
+  u.stages.push_back({l.get_stream(), std::move(done).value(),
+                      std::make_shared<both>(std::move(keep).value(), output)});
+  l.hand_over();
+  return output;
 }
 }  // namespace detail
 
@@ -199,10 +232,15 @@ auto call_enqueue(F& f, launch& l) {
 /// `how` out of range (an unknown strategy value, a negative timeout, spin
 /// or backoff) is invalid_argument before any GPU call. Errors are tagged with
 /// `library`. gpu_ref outputs are validated and ordered as writes.
+/// Inside a step of compose() (compose.hpp) it only enqueues: the unit
+/// waits once for all its steps, and `output` is final when it has.
 /// Never blocks the calling thread on the GPU.
 template <class O, class Enqueue>
 asio::awaitable<result<O>> run_kernel(std::string_view library, stream s, completion how, O output,
                                       Enqueue enqueue) {
+  if (auto* unit = detail::unit_of(co_await asio::this_coro::executor))
+    co_return detail::enqueue_in_unit(*unit, library, std::move(s), how, std::move(output),
+                                      enqueue);
   launch l(std::move(s), library);
   if (auto ok = l.begin(); !ok) co_return l.fail(ok.error());
   if (auto ok = check_completion(how); !ok) co_return l.fail(ok.error());

@@ -1,0 +1,144 @@
+// compose: several dependent GPU operations as one unit, awaited once.
+#pragma once
+
+#include <atomr/cuda/async.hpp>
+#include <atomr/cuda/completion.hpp>
+#include <atomr/cuda/detail/unit_recorder.hpp>
+#include <atomr/cuda/device.hpp>
+#include <atomr/cuda/error.hpp>
+
+#include <boost/asio/awaitable.hpp>
+#include <boost/asio/co_spawn.hpp>
+#include <boost/asio/this_coro.hpp>
+#include <boost/asio/use_awaitable.hpp>
+
+#include <cstddef>
+#include <exception>
+#include <optional>
+#include <tuple>
+#include <utility>
+#include <variant>
+
+namespace atomr::cuda {
+
+namespace detail {
+/// What a step yields inside compose's tuple: its value, or std::monostate
+/// for an operation that yields nothing (a pageable download).
+template <class T>
+struct step_value {
+  using type = T;
+};
+template <>
+struct step_value<void> {
+  using type = std::monostate;
+};
+template <class T>
+using step_value_t = typename step_value<T>::type;
+
+/// "compose: step k of n: <message>", with e's code, library and status.
+gpu_error unit_step_error(const gpu_error& e, std::size_t k, std::size_t n);
+/// The error of a step that threw (cancellation before its enqueue, bad_alloc).
+gpu_error unit_step_exception(std::exception_ptr e, std::size_t k, std::size_t n);
+/// Ends a unit: with `failed`, parks every stage's keep-alive until its event
+/// completes and yields the error; else waits for the stages (the last one,
+/// then any other stream's last one not done yet) with `how`, parking them
+/// on timeout or cancellation, and on success runs the finalizers.
+asio::awaitable<result<void>> finish_unit(unit_recorder& rec, completion how,
+                                          std::optional<gpu_error> failed);
+
+template <class T>
+asio::awaitable<void> store_unit_step(asio::awaitable<result<T>> step,
+                                      std::optional<result<T>>& out) {
+  out.emplace(co_await std::move(step));
+}
+
+/// Runs one step on the unit's executor (a coroutine of its own whose
+/// executor carries the unit: co_spawn); its value or error goes to `out`.
+template <class T>
+asio::awaitable<void> run_unit_step(unit_executor ex, asio::awaitable<result<T>> step,
+                                    std::optional<result<T>>& out, std::size_t k, std::size_t n) {
+  try {
+    // Through a void coroutine: co_spawn default-constructs a value type,
+    // which result<T> has not.
+    co_await asio::co_spawn(ex, store_unit_step(std::move(step), out), asio::use_awaitable);
+    if (!out) out.emplace(make_error(errc::library, "compose: a step ended without a value"));
+  } catch (...) {
+    out.emplace(unit_step_exception(std::current_exception(), k, n));
+  }
+}
+
+template <class T>
+step_value_t<T> unit_value(std::optional<result<T>>& r) {
+  if constexpr (std::is_void_v<T>)
+    return std::monostate{};
+  else
+    return std::move(*r).value();
+}
+}  // namespace detail
+
+/// Runs `steps` as one unit (docs/design.md, "Composed units"): operations
+/// of any actor, transfers and run_kernel calls, each an awaitable that has
+/// not started yet (what `blas.gemm(...)`, `upload(...)` return before
+/// `co_await`). They are enqueued back to back, in order, each on its own
+/// stream as when awaited alone, with the cross-stream order of every
+/// buffer kept by events as always; then the unit waits once, with `how`,
+/// and yields every step's value (std::monostate for a step that yields
+/// nothing). Step values (buffers written, pinned targets, pageable download
+/// targets) are final when the unit's wait has ended.
+///
+/// Errors: `how` out of range, or `dev` not accepting work: before any
+/// step. A step failing before or at its enqueue (a bad argument, a library
+/// error) stops the unit there: nothing after it is started, the error
+/// names the step ("compose: step k of n: ..."), and the steps before it,
+/// already enqueued, are parked until the GPU is done with them. A fault
+/// while the unit runs, a timeout or a cancellation of the wait: that error;
+/// on timeout and cancellation every step's keep-alive and output are parked
+/// until the GPU is done, as with one operation. Operations that yield a
+/// host value computed by the GPU (blas dot, nrm2, asum, iamax) are refused
+/// inside a unit (not_supported): await them alone.
+///
+/// Every step shares the unit's coroutine; none blocks the thread.
+template <class... T>
+asio::awaitable<result<std::tuple<detail::step_value_t<T>...>>> compose(
+    device dev, completion how, asio::awaitable<result<T>>... steps) {
+  if (auto ok = dev.status(); !ok) co_return ok.error();
+  if (auto ok = check_completion(how); !ok) co_return ok.error();
+  constexpr std::size_t n = sizeof...(T);
+  auto outer = co_await asio::this_coro::executor;
+  if (detail::unit_of(outer))
+    co_return make_error(errc::not_supported,
+                         "compose: a unit cannot be a step of another unit (pass its steps to "
+                         "the outer one)");
+  detail::unit_recorder rec;
+  const detail::unit_executor ex(std::move(outer), &rec);
+  std::tuple<std::optional<result<T>>...> got;
+  std::optional<gpu_error> failed;
+  std::size_t k = 0;
+  auto one = [&]<class V>(asio::awaitable<result<V>>& step,
+                          std::optional<result<V>>& out) -> asio::awaitable<void> {
+    ++k;
+    if (failed) co_return;  // a step before failed: this one never starts
+    co_await detail::run_unit_step(ex, std::move(step), out, k, n);
+    if (!*out) failed = detail::unit_step_error(out->error(), k, n);
+  };
+  // Left to right: each step enqueues only after the one before it has.
+  auto all = std::forward_as_tuple(steps...);
+  auto each = [&]<std::size_t... I>(std::index_sequence<I...>)->asio::awaitable<void> {
+    ((co_await one(std::get<I>(all), std::get<I>(got))), ...);
+  };
+  co_await each(std::index_sequence_for<T...>{});
+  BOOST_OUTCOME_CO_TRY(co_await detail::finish_unit(rec, how, std::move(failed)));
+  co_return std::apply(
+      [](auto&... r) { return std::tuple<detail::step_value_t<T>...>(detail::unit_value(r)...); },
+      got);
+}
+
+/// compose() with the device's default completion strategy.
+template <class... T>
+asio::awaitable<result<std::tuple<detail::step_value_t<T>...>>> compose(
+    device dev, asio::awaitable<result<T>>... steps) {
+  const completion how = dev.options().default_completion;
+  return compose(std::move(dev), how, std::move(steps)...);
+}
+
+}  // namespace atomr::cuda

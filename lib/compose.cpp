@@ -1,0 +1,102 @@
+// compose: the non-template half of a composed unit's end.
+#include "device_impl.hpp"
+
+#include <atomr/cuda/compose.hpp>
+#include <atomr/cuda/run_kernel.hpp>
+
+#include <boost/system/system_error.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <new>
+#include <string>
+#include <vector>
+
+namespace atomr::cuda::detail {
+
+namespace {
+std::string step_prefix(std::size_t k, std::size_t n) {
+  return "compose: step " + std::to_string(k) + " of " + std::to_string(n) + ": ";
+}
+
+/// Parks every stage's keep-alive (and output) until its own event completes.
+void park_all(unit_recorder& rec) {
+  for (auto& st : rec.stages)
+    if (st.on && st.done) st.on.state()->owner->park(st.done, std::move(st.keep));
+}
+
+void settle_all(unit_recorder& rec, const gpu_error* e) {
+  for (auto& st : rec.stages) settle_unit_op(st.on, e);
+}
+}  // namespace
+
+gpu_error unit_step_error(const gpu_error& e, std::size_t k, std::size_t n) {
+  return gpu_error(e.code(), e.library(), e.native_status(), step_prefix(k, n) + e.message());
+}
+
+gpu_error unit_step_exception(std::exception_ptr e, std::size_t k, std::size_t n) {
+  try {
+    std::rethrow_exception(e);
+  } catch (const boost::system::system_error& se) {
+    if (se.code() == asio::error::operation_aborted)
+      return make_error(errc::cancelled, step_prefix(k, n) + "cancelled before its enqueue");
+    return make_error(errc::library, step_prefix(k, n) + se.what());
+  } catch (const std::bad_alloc&) {
+    return make_error(errc::out_of_memory, step_prefix(k, n) + "out of host memory");
+  } catch (const std::exception& x) {
+    return make_error(errc::library, step_prefix(k, n) + x.what());
+  } catch (...) {
+    return make_error(errc::library, step_prefix(k, n) + "an exception");
+  }
+}
+
+asio::awaitable<result<void>> finish_unit(unit_recorder& rec, completion how,
+                                          std::optional<gpu_error> failed) {
+  if (failed) {
+    // Steps before the failed one are on the GPU: their inputs and outputs
+    // stay alive until it is done with them.
+    park_all(rec);
+    settle_all(rec, &*failed);
+    co_return *failed;
+  }
+  // The last stage first: in a chain of dependent steps it finishes last, so
+  // the other streams' stages are found done without a second wait.
+  // `how`'s timeout is the unit's: each further wait gets what is left of it.
+  const auto start = std::chrono::steady_clock::now();
+  result<void> waited = outcome::success();
+  std::vector<std::uint64_t> seen;
+  try {
+    for (std::size_t i = rec.stages.size(); i-- > 0;) {
+      auto& st = rec.stages[i];
+      const auto id = st.on.id();
+      if (std::find(seen.begin(), seen.end(), id) != seen.end()) continue;  // stream order
+      seen.push_back(id);
+      if (already_done(*st.done)) continue;
+      completion left = how;
+      if (how.timeout != no_timeout) {
+        const auto spent = std::chrono::steady_clock::now() - start;
+        left.timeout =
+            spent >= how.timeout
+                ? std::chrono::nanoseconds{0}
+                : std::chrono::duration_cast<std::chrono::nanoseconds>(how.timeout - spent);
+      }
+      waited = co_await async_wait_event(st.on, st.done, left, "cuda", asio::use_awaitable);
+      if (!waited) break;
+    }
+  } catch (...) {
+    park_all(rec);
+    const auto e = make_error(errc::cancelled, "compose: wait abandoned by an exception");
+    settle_all(rec, &e);
+    throw;
+  }
+  if (!waited) {
+    if (waited.error() == errc::timeout || waited.error() == errc::cancelled) park_all(rec);
+    settle_all(rec, &waited.error());
+    co_return waited.error();
+  }
+  for (auto& f : rec.finalizers) f();
+  settle_all(rec, nullptr);
+  co_return outcome::success();
+}
+
+}  // namespace atomr::cuda::detail
