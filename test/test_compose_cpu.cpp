@@ -9,9 +9,12 @@
 #include <boost/asio/post.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <boost/asio/use_awaitable.hpp>
+#include <boost/asio/use_future.hpp>
 #include <doctest/doctest.h>
 
 #include <chrono>
+#include <optional>
+#include <tuple>
 #include <vector>
 
 using namespace atomr::cuda;
@@ -72,4 +75,21 @@ TEST_CASE_FIXTURE(io_fixture, "compose: a device that does not accept work start
   } else {
     CHECK(d.error().code() == errc::device_unavailable);
   }
+}
+
+TEST_CASE_FIXTURE(io_fixture, "compose through a completion token (use_future, a callback)") {
+  bool started = false;
+  auto fut =
+      async_from(ioc.get_executor(), compose(device{}, flagging_step(&started)), asio::use_future);
+  std::optional<result<std::tuple<int>>> by_callback;
+  async_from(ioc.get_executor(), compose(device{}, flagging_step(&started)),
+             [&](result<std::tuple<int>> r) { by_callback.emplace(std::move(r)); });
+  ioc.run_for(std::chrono::seconds(5));
+  auto r = fut.get();
+  REQUIRE_FALSE(r);
+  CHECK(r.error().code() == errc::invalid_argument);
+  REQUIRE(by_callback);
+  REQUIRE_FALSE(*by_callback);
+  CHECK(by_callback->error().code() == errc::invalid_argument);
+  CHECK_FALSE(started);
 }

@@ -97,7 +97,9 @@ step_value_t<T> unit_value(std::optional<result<T>>& r) {
 /// host value computed by the GPU (blas dot, nrm2, asum, iamax) are refused
 /// inside a unit (not_supported): await them alone.
 ///
-/// Every step shares the unit's coroutine; none blocks the thread.
+/// Every step shares the unit's coroutine; none blocks the thread. With a
+/// completion token (a callback, use_future, deferred):
+/// `async_from(dev.get_executor(), compose(dev, step...), token)` (async.hpp).
 template <class... T>
 asio::awaitable<result<std::tuple<detail::step_value_t<T>...>>> compose(
     device dev, completion how, asio::awaitable<result<T>>... steps) {
