@@ -55,6 +55,13 @@ ONE_ACTOR_THREADS = 8
 LARGE_RATIO = 1.01  # lib within 1% of raw
 TORCH_FACTOR = 3.0  # ours >= 3x torch, every small workload, T = 1
 LONG_WAIT_CPU_PERCENT = 25.0
+# Issue 19: the composed unit against raw CUDA at 4 and 16 in flight, every
+# variant against PyTorch.
+PIPELINE_DEPTHS = (4, 16)
+PIPELINE_REQ_RATIO = 1.0
+PIPELINE_P50_RATIO = 1.15
+PIPELINE_CPU_RATIO = 1.3
+PIPELINE_TORCH_FACTOR = 5.0
 
 SOURCES = (
     ("latency", "latency.json"),
@@ -63,6 +70,8 @@ SOURCES = (
     ("peer", "torch_peer.json"),
     ("streams", "throughput_streams.json"),
     ("one_actor", "throughput_one_actor.json"),
+    ("pipeline", "pipeline.json"),
+    ("pipeline_torch", "torch_pipeline.json"),
 )
 
 
@@ -235,6 +244,28 @@ def summarise(docs, directory):
             })
     out["peer"] = peer
 
+    # Request pipelines (issue 19): atomr-bench-pipeline's rows, each with the
+    # PyTorch peer's req/s at the same in-flight depth when it ran.
+    pipeline = []
+    if "pipeline" in docs:
+        torch_by_depth = {}
+        if "pipeline_torch" in docs:
+            for r in rows_of(docs["pipeline_torch"], "pipeline_torch", "torch_pipeline.json",
+                             ("in_flight", "req_per_s")):
+                torch_by_depth[r["in_flight"]] = num(r["req_per_s"])
+        for r in rows_of(docs["pipeline"], "pipeline", "pipeline.json",
+                         ("variant", "in_flight", "req_per_s", "p50_us", "p99_us",
+                          "cpu_us_per_req", "raw_req_per_s", "raw_p50_us",
+                          "raw_cpu_us_per_req")):
+            row = {k: r[k] for k in ("variant", "in_flight")}
+            for k in ("req_per_s", "p50_us", "p99_us", "cpu_us_per_req", "raw_req_per_s",
+                      "raw_p50_us", "raw_cpu_us_per_req"):
+                row[k] = num(r[k])
+            row["torch_req_per_s"] = torch_by_depth.get(r["in_flight"])
+            row["wrong"] = r.get("wrong")
+            pipeline.append(row)
+    out["pipeline"] = pipeline
+
     lat = docs.get("latency", {})
     out["idle_cpu_percent"] = num(lat.get("idle_cpu_percent"))
     out["long_wait_cpu_percent"] = num(lat.get("long_wait_cpu_percent"))
@@ -398,6 +429,37 @@ def targets(s):
     t["long_wait_cpu"] = target(
         "long_wait_cpu_percent <= 25", "percent",
         [check(m, LONG_WAIT_CPU_PERCENT, m <= LONG_WAIT_CPU_PERCENT)] if m is not None else [])
+
+    # 6. Request pipelines (issue 19), only where atomr-bench-pipeline ran.
+    if s.get("pipeline"):
+        def ratio(a, b):
+            return a / b if a is not None and b else None
+        checks = []
+        for r in s["pipeline"]:
+            if r["variant"] != "composed" or r["in_flight"] not in PIPELINE_DEPTHS:
+                continue
+            q = ratio(r["req_per_s"], r["raw_req_per_s"])
+            p = ratio(r["p50_us"], r["raw_p50_us"])
+            c = ratio(r["cpu_us_per_req"], r["raw_cpu_us_per_req"])
+            ids = {"variant": r["variant"], "in_flight": r["in_flight"]}
+            checks.append(check(q, PIPELINE_REQ_RATIO, q is not None and q >= PIPELINE_REQ_RATIO,
+                                metric="req_per_s / raw", **ids))
+            checks.append(check(p, PIPELINE_P50_RATIO, p is not None and p <= PIPELINE_P50_RATIO,
+                                metric="p50 / raw", **ids))
+            checks.append(check(c, PIPELINE_CPU_RATIO, c is not None and c <= PIPELINE_CPU_RATIO,
+                                metric="cpu / raw", **ids))
+        t["pipeline_composed_vs_raw"] = target(
+            "composed unit at 4 and 16 in flight: req/s >= 1.0x raw, p50 <= 1.15x raw, CPU per "
+            "request <= 1.3x raw (same run)", "ratio", checks)
+        checks = []
+        for r in s["pipeline"]:
+            q = ratio(r["req_per_s"], r["torch_req_per_s"])
+            checks.append(check(q, PIPELINE_TORCH_FACTOR,
+                                q is not None and q >= PIPELINE_TORCH_FACTOR,
+                                variant=r["variant"], in_flight=r["in_flight"]))
+        t["pipeline_vs_torch"] = target(
+            "every pipeline variant >= 5x PyTorch req/s at the same in-flight depth", "ratio",
+            checks)
 
     verdicts = [v["pass"] for v in t.values()]
     t["all_pass"] = None if any(v is None for v in verdicts) else all(verdicts)

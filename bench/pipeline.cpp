@@ -1,0 +1,464 @@
+// atomr-bench-pipeline (issue 19): one request = pageable upload of an n x n
+// f32 matrix, gemm with device-resident weights, cuDNN relu, pageable
+// download, one element checked against a double-precision reference. The
+// library (per-op awaits, or one compose() unit) on an io_context run by T
+// threads, against raw CUDA in the same run: T threads, each with its own
+// stream, cuBLAS and cuDNN handles, pinned staging, one event sync per
+// request, the same number of requests in flight in all.
+#include "bench.hpp"
+
+#include <atomr/cuda.hpp>
+
+#include <boost/asio/co_spawn.hpp>
+#include <boost/asio/detached.hpp>
+#include <boost/asio/io_context.hpp>
+
+#include <cublas_v2.h>
+#include <cuda_runtime_api.h>
+#include <cudnn.h>
+
+#include <atomic>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace asio = boost::asio;
+using namespace atomr::cuda;
+
+namespace {
+
+constexpr const char* prog = "atomr-bench-pipeline";
+
+struct options {
+  int n = 256;
+  int threads = 4;
+  std::vector<int> in_flight{4, 16, 512};
+  std::vector<std::string> variants{"per_op", "composed"};
+  double seconds = 2.0;
+  double warmup = 0.3;
+  int device = 0;
+  std::string json;
+};
+
+std::vector<float> random_matrix(std::size_t n, std::uint64_t seed) {
+  std::vector<float> v(n);
+  std::uint64_t x = seed * 0x9E3779B97F4A7C15ull + 7;
+  for (auto& f : v) {
+    x ^= x >> 12;
+    x ^= x << 25;
+    x ^= x >> 27;
+    f = static_cast<float>((x * 0x2545F4914F6CDD1Dull) >> 40) / 16777216.0f - 0.5f;
+  }
+  return v;
+}
+
+/// relu((X W)[k]) in double (column-major), and the sum of |terms| for a tolerance.
+std::pair<double, double> reference(const std::vector<float>& x, const std::vector<float>& w, int n,
+                                    std::size_t k) {
+  const std::size_t r = k % n, c = k / n;
+  double acc = 0, mag = 0;
+  for (int j = 0; j < n; ++j) {
+    const double t = double(x[r + std::size_t(j) * n]) * double(w[j + c * n]);
+    acc += t;
+    mag += std::fabs(t);
+  }
+  return {std::max(acc, 0.0), mag};
+}
+
+/// One request's data: fixed input, the checked element and its reference.
+struct request_data {
+  std::vector<float> hx, hz;
+  std::size_t k = 0;
+  double ref = 0, tol = 0;
+  bool check() const {
+    const double got = hz[k];
+    return std::isfinite(got) && std::fabs(got - ref) <= tol;
+  }
+};
+
+request_data make_request_data(const std::vector<float>& w, int n, std::uint64_t seed) {
+  request_data d;
+  const std::size_t nn = std::size_t(n) * n;
+  d.hx = random_matrix(nn, seed);
+  d.hz.assign(nn, std::nanf(""));
+  d.k = (seed * 7919) % nn;
+  auto [ref, mag] = reference(d.hx, w, n, d.k);
+  d.ref = ref;
+  d.tol = 1e-5 * mag + 1e-6;
+  return d;
+}
+
+struct result_row {
+  std::string variant;
+  int in_flight = 0;
+  double req_per_s = 0, p50_us = 0, p99_us = 0, cpu_us_per_req = 0;
+  long wrong = 0;
+};
+
+/// Samples the process CPU clock at the start and the end of the window.
+struct window {
+  double t_start = 0, t_end = 0, cpu_start = 0, cpu_end = 0;
+  std::thread sampler;
+  window(double warmup_s, double seconds) {
+    t_start = bench::now_us() + warmup_s * 1e6;
+    t_end = t_start + seconds * 1e6;
+    sampler = std::thread([this] {
+      std::this_thread::sleep_for(std::chrono::microseconds(long(t_start - bench::now_us())));
+      cpu_start = bench::process_cpu_us();
+      std::this_thread::sleep_for(std::chrono::microseconds(long(t_end - bench::now_us())));
+      cpu_end = bench::process_cpu_us();
+    });
+  }
+  void join() { sampler.join(); }
+};
+
+result_row finish(std::string variant, int in_flight, window& win,
+                  std::vector<std::vector<double>>& lat, long wrong) {
+  std::vector<double> all;
+  for (auto& l : lat) all.insert(all.end(), l.begin(), l.end());
+  const auto s = bench::summarize(all);
+  result_row r;
+  r.variant = std::move(variant);
+  r.in_flight = in_flight;
+  const double secs = (win.t_end - win.t_start) / 1e6;
+  r.req_per_s = double(all.size()) / secs;
+  r.p50_us = s.median;
+  r.p99_us = s.p99;
+  r.cpu_us_per_req = all.empty() ? 0 : (win.cpu_end - win.cpu_start) / double(all.size());
+  r.wrong = wrong;
+  return r;
+}
+
+// ------------------------------------------------------------------ library
+
+struct lib_ctx {
+  asio::io_context& ioc;
+  device dev;
+  blas_actor blas;
+  cudnn_actor dnn;
+  gpu_ref<float> w;
+  gemm_params p;
+  tensor_shape shape;
+};
+
+struct lib_slot {
+  request_data d;
+  gpu_ref<float> x, y, z;
+};
+
+asio::awaitable<bool> one_request(lib_ctx& c, lib_slot& s, bool composed) {
+  s.d.hz[s.d.k] = std::nanf("");
+  if (composed) {
+    auto r =
+        co_await compose(c.dev, upload(s.d.hx, s.x), c.blas.gemm(c.p, s.x, c.w, s.y),
+                         c.dnn.activation_forward(c.shape, {}, s.y, s.z), download(s.z, s.d.hz));
+    co_return r&& s.d.check();
+  }
+  if (!co_await upload(s.d.hx, s.x)) co_return false;
+  if (!co_await c.blas.gemm(c.p, s.x, c.w, s.y)) co_return false;
+  if (!co_await c.dnn.activation_forward(c.shape, {}, s.y, s.z)) co_return false;
+  if (!co_await download(s.z, s.d.hz)) co_return false;
+  co_return s.d.check();
+}
+
+asio::awaitable<void> client(lib_ctx& c, lib_slot& s, bool composed, const window& win,
+                             std::vector<double>& lat, std::atomic<long>& wrong,
+                             std::atomic<int>& left) {
+  for (;;) {
+    const double t0 = bench::now_us();
+    if (t0 >= win.t_end) break;
+    const bool ok = co_await one_request(c, s, composed);
+    const double t1 = bench::now_us();
+    if (t0 >= win.t_start && t1 <= win.t_end) lat.push_back(t1 - t0);
+    if (!ok) ++wrong;
+  }
+  if (--left == 0) c.ioc.stop();
+}
+
+result_row run_library(lib_ctx& c, std::vector<lib_slot>& slots, const std::string& variant,
+                       int in_flight, const options& o) {
+  std::vector<std::vector<double>> lat(in_flight);
+  std::atomic<long> wrong{0};
+  std::atomic<int> left{in_flight};
+  window win(o.warmup, o.seconds);
+  for (int i = 0; i < in_flight; ++i)
+    asio::co_spawn(c.ioc, client(c, slots[i], variant == "composed", win, lat[i], wrong, left),
+                   asio::detached);
+  c.ioc.restart();
+  std::vector<std::thread> pool;
+  for (int t = 0; t < o.threads; ++t) pool.emplace_back([&] { c.ioc.run(); });
+  for (auto& t : pool) t.join();
+  win.join();
+  return finish(variant, in_flight, win, lat, wrong.load());
+}
+
+// ------------------------------------------------------------------ raw CUDA
+
+#define RAW_OK(call)                                                                          \
+  do {                                                                                        \
+    if (!(call)) {                                                                            \
+      std::fprintf(stderr, "%s: raw baseline failed: %s (line %d)\n", prog, #call, __LINE__); \
+      std::exit(1);                                                                           \
+    }                                                                                         \
+  } while (0)
+
+struct raw_slot {
+  request_data d;
+  float *px = nullptr, *pz = nullptr, *dx = nullptr, *dy = nullptr, *dz = nullptr;
+  cudaEvent_t ev = nullptr;
+  bool busy = false;
+  double t0 = 0;
+};
+
+/// One raw thread: its own stream and handles, `depth` requests in flight.
+void raw_thread(const options& o, const float* dw, const std::vector<request_data>& data, int depth,
+                const window& win, std::vector<double>& lat, std::atomic<long>& wrong) {
+  const int n = o.n;
+  const std::size_t nn = std::size_t(n) * n, bytes = nn * sizeof(float);
+  RAW_OK(cudaSetDevice(o.device) == cudaSuccess);
+  cudaStream_t s;
+  RAW_OK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) == cudaSuccess);
+  cublasHandle_t b;
+  RAW_OK(cublasCreate(&b) == CUBLAS_STATUS_SUCCESS);
+  RAW_OK(cublasSetStream(b, s) == CUBLAS_STATUS_SUCCESS);
+  RAW_OK(cublasSetMathMode(b, CUBLAS_PEDANTIC_MATH) == CUBLAS_STATUS_SUCCESS);  // as blas_actor
+  cudnnHandle_t h;
+  RAW_OK(cudnnCreate(&h) == CUDNN_STATUS_SUCCESS);
+  RAW_OK(cudnnSetStream(h, s) == CUDNN_STATUS_SUCCESS);
+  cudnnTensorDescriptor_t td;
+  RAW_OK(cudnnCreateTensorDescriptor(&td) == CUDNN_STATUS_SUCCESS);
+  RAW_OK(cudnnSetTensor4dDescriptor(td, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, 1, 1, n, n) ==
+         CUDNN_STATUS_SUCCESS);
+  cudnnActivationDescriptor_t ad;
+  RAW_OK(cudnnCreateActivationDescriptor(&ad) == CUDNN_STATUS_SUCCESS);
+  RAW_OK(cudnnSetActivationDescriptor(ad, CUDNN_ACTIVATION_RELU, CUDNN_PROPAGATE_NAN, 0.0) ==
+         CUDNN_STATUS_SUCCESS);
+  std::vector<raw_slot> slots(depth);
+  for (int i = 0; i < depth; ++i) {
+    auto& sl = slots[i];
+    sl.d = data[i % data.size()];
+    RAW_OK(cudaMallocHost(&sl.px, bytes) == cudaSuccess);
+    RAW_OK(cudaMallocHost(&sl.pz, bytes) == cudaSuccess);
+    RAW_OK(cudaMalloc(&sl.dx, bytes) == cudaSuccess);
+    RAW_OK(cudaMalloc(&sl.dy, bytes) == cudaSuccess);
+    RAW_OK(cudaMalloc(&sl.dz, bytes) == cudaSuccess);
+    RAW_OK(cudaEventCreateWithFlags(&sl.ev, cudaEventDisableTiming) == cudaSuccess);
+  }
+  const float one = 1.0f, zero = 0.0f;
+  for (bool running = true; running;) {
+    running = false;
+    for (auto& sl : slots) {
+      if (sl.busy) {
+        RAW_OK(cudaEventSynchronize(sl.ev) == cudaSuccess);  // the request's one sync
+        std::memcpy(sl.d.hz.data(), sl.pz, bytes);           // out of pinned staging
+        const double t1 = bench::now_us();
+        if (sl.t0 >= win.t_start && t1 <= win.t_end) lat.push_back(t1 - sl.t0);
+        if (!sl.d.check()) ++wrong;
+        sl.busy = false;
+      }
+      sl.t0 = bench::now_us();
+      if (sl.t0 >= win.t_end) continue;
+      running = true;
+      sl.d.hz[sl.d.k] = std::nanf("");
+      std::memcpy(sl.px, sl.d.hx.data(), bytes);  // into pinned staging
+      RAW_OK(cudaMemcpyAsync(sl.dx, sl.px, bytes, cudaMemcpyHostToDevice, s) == cudaSuccess);
+      RAW_OK(cublasSgemm(b, CUBLAS_OP_N, CUBLAS_OP_N, n, n, n, &one, sl.dx, n, dw, n, &zero, sl.dy,
+                         n) == CUBLAS_STATUS_SUCCESS);
+      RAW_OK(cudnnActivationForward(h, ad, &one, td, sl.dy, &zero, td, sl.dz) ==
+             CUDNN_STATUS_SUCCESS);
+      RAW_OK(cudaMemcpyAsync(sl.pz, sl.dz, bytes, cudaMemcpyDeviceToHost, s) == cudaSuccess);
+      RAW_OK(cudaEventRecord(sl.ev, s) == cudaSuccess);
+      sl.busy = true;
+    }
+  }
+  for (auto& sl : slots) {
+    cudaEventDestroy(sl.ev);
+    cudaFreeHost(sl.px);
+    cudaFreeHost(sl.pz);
+    cudaFree(sl.dx);
+    cudaFree(sl.dy);
+    cudaFree(sl.dz);
+  }
+  cudnnDestroyActivationDescriptor(ad);
+  cudnnDestroyTensorDescriptor(td);
+  cudnnDestroy(h);
+  cublasDestroy(b);
+  cudaStreamDestroy(s);
+}
+
+result_row run_raw(const options& o, const float* dw, const std::vector<request_data>& data,
+                   int in_flight) {
+  const int threads = std::min(o.threads, in_flight);
+  std::vector<std::vector<double>> lat(threads);
+  std::atomic<long> wrong{0};
+  window win(o.warmup, o.seconds);
+  std::vector<std::thread> pool;
+  for (int t = 0; t < threads; ++t) {
+    const int depth = in_flight / threads + (t < in_flight % threads ? 1 : 0);
+    pool.emplace_back([&, t, depth] { raw_thread(o, dw, data, depth, win, lat[t], wrong); });
+  }
+  for (auto& t : pool) t.join();
+  win.join();
+  return finish("raw", in_flight, win, lat, wrong.load());
+}
+
+// ------------------------------------------------------------------ main
+
+int usage(const char* why) {
+  if (why) std::fprintf(stderr, "%s: %s\n", prog, why);
+  std::fprintf(why ? stderr : stdout,
+               "usage: %s [--n N] [--threads T] [--in-flight LIST] [--variants LIST]\n"
+               "          [--seconds S] [--device D] [--json FILE]\n"
+               "One request: pageable upload of N x N f32 (default 256), gemm with device\n"
+               "weights, cuDNN relu, pageable download, one element checked. Variants:\n"
+               "per_op (four awaits), composed (one compose() unit); each against raw CUDA\n"
+               "with the same requests in flight (default 4,16,512) on T threads (default\n"
+               "4). Reports req/s, p50 and p99 latency, process CPU time per request.\n",
+               prog);
+  return why ? 64 : 0;
+}
+
+std::vector<std::string> split(const std::string& s) {
+  std::vector<std::string> out;
+  std::size_t at = 0;
+  while (at <= s.size()) {
+    const auto comma = s.find(',', at);
+    out.push_back(s.substr(at, comma == std::string::npos ? std::string::npos : comma - at));
+    if (comma == std::string::npos) break;
+    at = comma + 1;
+  }
+  return out;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const bench::args a(argc, argv, {"help"});
+  if (a.has("help")) return usage(nullptr);
+  if (!a.unknown.empty()) return usage(("unknown argument " + a.unknown.front()).c_str());
+  for (const auto& [k, v] : a.kv)
+    if (k != "help" && k != "n" && k != "threads" && k != "device" && k != "json" &&
+        k != "seconds" && k != "in-flight" && k != "variants")
+      return usage(("unknown option --" + k).c_str());
+  options o;
+  o.n = int(a.num("n", o.n));
+  o.threads = int(a.num("threads", o.threads));
+  o.device = int(a.num("device", o.device));
+  o.json = a.get("json");
+  if (a.has("seconds")) o.seconds = std::strtod(a.get("seconds").c_str(), nullptr);
+  if (a.has("in-flight")) {
+    o.in_flight.clear();
+    for (auto& x : split(a.get("in-flight"))) o.in_flight.push_back(std::atoi(x.c_str()));
+  }
+  if (a.has("variants")) o.variants = split(a.get("variants"));
+  if (o.n < 1 || o.n > 8192) return usage("--n wants 1..8192");
+  if (o.threads < 1 || o.threads > 64) return usage("--threads wants 1..64");
+  if (!(o.seconds > 0 && o.seconds <= 60)) return usage("--seconds wants a number in (0, 60]");
+  for (int f : o.in_flight)
+    if (f < 1 || f > 4096) return usage("--in-flight wants counts in 1..4096");
+  for (auto& v : o.variants)
+    if (v != "per_op" && v != "composed") return usage("--variants: per_op, composed");
+  bench::require_gpu(prog);
+
+  asio::io_context ioc;
+  auto dev = device::open(ioc.get_executor(), o.device);
+  if (!dev) {
+    std::fprintf(stderr, "%s: %s\n", prog, dev.error().message().c_str());
+    return bench::exit_no_gpu;
+  }
+  auto blas = blas_actor::create(dev.value());
+  auto dnn = cudnn_actor::create(dev.value());
+  if (!blas || !dnn) {
+    std::fprintf(stderr, "%s: %s\n", prog, (!blas ? blas.error() : dnn.error()).message().c_str());
+    return 1;
+  }
+  const int n = o.n;
+  const std::size_t nn = std::size_t(n) * n;
+  const auto wv = random_matrix(nn, 1);
+  auto w = dev.value().allocate<float>(nn);
+  if (!w) return usage("cannot allocate the weights");
+  float* dw = nullptr;  // the raw side's copy of the weights
+  RAW_OK(cudaSetDevice(o.device) == cudaSuccess);
+  RAW_OK(cudaMalloc(&dw, nn * sizeof(float)) == cudaSuccess);
+  RAW_OK(cudaMemcpy(dw, wv.data(), nn * sizeof(float), cudaMemcpyHostToDevice) == cudaSuccess);
+  lib_ctx c{ioc,
+            dev.value(),
+            blas.value(),
+            dnn.value(),
+            w.value(),
+            gemm_params{.m = n, .n = n, .k = n, .lda = n, .ldb = n, .ldc = n},
+            tensor_shape{1, 1, n, n}};
+  {
+    std::optional<bool> up;
+    asio::co_spawn(
+        ioc, [&]() -> asio::awaitable<void> { up = bool(co_await upload(wv, c.w)); },
+        asio::detached);
+    ioc.run();
+    if (!up || !*up) return usage("cannot upload the weights");
+  }
+  const int most = *std::max_element(o.in_flight.begin(), o.in_flight.end());
+  std::vector<request_data> data;
+  for (int i = 0; i < std::min(most, 64); ++i) data.push_back(make_request_data(wv, n, i + 2));
+  std::vector<lib_slot> slots(most);
+  for (int i = 0; i < most; ++i) {
+    slots[i].d = data[i % data.size()];
+    for (auto* r : {&slots[i].x, &slots[i].y, &slots[i].z}) {
+      auto m = c.dev.allocate<float>(nn);
+      if (!m) return usage("cannot allocate the request buffers");
+      *r = m.value();
+    }
+  }
+
+  std::printf("%s: %s, n = %d, %d threads, %.1f s windows\n", prog, bench::device_name().c_str(), n,
+              o.threads, o.seconds);
+  std::printf("%-9s %6s %10s %9s %9s %9s %10s %9s %9s %7s %6s\n", "variant", "in_fl", "req/s",
+              "p50 us", "p99 us", "CPU us", "raw req/s", "raw p50", "raw CPU", "ratio", "wrong");
+  std::vector<bench::json> rows;
+  long wrong_total = 0;
+  for (int f : o.in_flight) {
+    const auto raw = run_raw(o, dw, data, f);
+    wrong_total += raw.wrong;
+    for (auto& v : o.variants) {
+      const auto r = run_library(c, slots, v, f, o);
+      wrong_total += r.wrong;
+      std::printf("%-9s %6d %10.0f %9.1f %9.1f %9.1f %10.0f %9.1f %9.1f %7.3f %6ld\n", v.c_str(), f,
+                  r.req_per_s, r.p50_us, r.p99_us, r.cpu_us_per_req, raw.req_per_s, raw.p50_us,
+                  raw.cpu_us_per_req, raw.req_per_s > 0 ? r.req_per_s / raw.req_per_s : 0.0,
+                  r.wrong + raw.wrong);
+      rows.push_back(bench::json::object({{"variant", r.variant},
+                                          {"in_flight", f},
+                                          {"req_per_s", r.req_per_s},
+                                          {"p50_us", r.p50_us},
+                                          {"p99_us", r.p99_us},
+                                          {"cpu_us_per_req", r.cpu_us_per_req},
+                                          {"raw_req_per_s", raw.req_per_s},
+                                          {"raw_p50_us", raw.p50_us},
+                                          {"raw_p99_us", raw.p99_us},
+                                          {"raw_cpu_us_per_req", raw.cpu_us_per_req},
+                                          {"wrong", r.wrong + raw.wrong}}));
+    }
+  }
+  std::printf(
+      "(raw: %d threads, each its own stream, cuBLAS and cuDNN handles, pinned staging,\n"
+      " one cudaEventSynchronize per request; CPU us = process CPU time / requests)\n",
+      o.threads);
+  cudaFree(dw);
+  std::string cmd;
+  for (int i = 0; i < argc; ++i) cmd += (i ? " " : "") + std::string(argv[i]);
+  const auto j = bench::json::object({{"device", bench::device_name(o.device)},
+                                      {"date", bench::utc_now()},
+                                      {"command", cmd},
+                                      {"n", n},
+                                      {"threads", o.threads},
+                                      {"pipeline", bench::json::array(rows)}});
+  if (!bench::write_json(o.json, j)) {
+    std::fprintf(stderr, "%s: cannot write %s\n", prog, o.json.c_str());
+    return 1;
+  }
+  return wrong_total == 0 ? 0 : 2;
+}
