@@ -20,7 +20,6 @@ Exit status: 0 success, 1 a wrong result, 64 usage error, 69 no torch or no
 usable CUDA device.
 """
 
-import argparse
 import datetime
 import json
 import math
@@ -28,18 +27,9 @@ import sys
 import threading
 import time
 
+from peer_common import EXIT_NO_GPU, EXIT_USAGE, UsageParser  # noqa: F401
+
 EXIT_WRONG = 1
-EXIT_USAGE = 64
-EXIT_NO_GPU = 69
-
-
-class UsageParser(argparse.ArgumentParser):
-    """argparse, but usage errors exit 64 like the C++ benchmarks."""
-
-    def error(self, message):
-        self.print_usage(sys.stderr)
-        sys.stderr.write("%s: %s\n" % (self.prog, message))
-        sys.exit(EXIT_USAGE)
 
 
 def parse_args(argv):

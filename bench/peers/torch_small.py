@@ -21,28 +21,18 @@ Exit status: 0 success, 1 a workload failed, 64 usage error, 69 no torch / no
 usable CUDA device.
 """
 
-import argparse
 import datetime
 import json
 import math
 import sys
 import time
 
+from peer_common import EXIT_NO_GPU, EXIT_USAGE, UsageParser  # noqa: F401
+
 EXIT_FAILED = 1
-EXIT_USAGE = 64
-EXIT_NO_GPU = 69
 
 WORKLOADS = ("sgemm64", "sgemm256", "fft4096", "rng1M")
 LATENCY_SIZES = (256, 1024)
-
-
-class UsageParser(argparse.ArgumentParser):
-    """argparse, but usage errors exit 64 like the C++ benchmarks."""
-
-    def error(self, message):
-        self.print_usage(sys.stderr)
-        sys.stderr.write("%s: %s\n" % (self.prog, message))
-        sys.exit(EXIT_USAGE)
 
 
 def parse_args(argv):
