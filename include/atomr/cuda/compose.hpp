@@ -16,6 +16,7 @@
 #include <exception>
 #include <optional>
 #include <tuple>
+#include <type_traits>
 #include <utility>
 #include <variant>
 

@@ -47,7 +47,6 @@ public:
       : inner_(std::move(inner)), rec_(rec) {}
 
   unit_recorder* recorder() const noexcept { return rec_; }
-  const asio::any_io_executor& inner() const noexcept { return inner_; }
 
   template <class Property>
   requires asio::can_query<const asio::any_io_executor&, const Property&>::value decltype(auto)
