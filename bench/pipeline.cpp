@@ -38,7 +38,7 @@ struct options {
   int n = 256;
   int threads = 4;
   std::vector<int> in_flight{4, 16, 512};
-  std::vector<std::string> variants{"per_op", "composed"};
+  std::vector<std::string> variants{"per_op", "composed", "fused"};
   double seconds = 2.0;
   double warmup = 0.3;
   int device = 0;
@@ -151,9 +151,15 @@ struct lib_slot {
   gpu_ref<float> x, y, z;
 };
 
-asio::awaitable<bool> one_request(lib_ctx& c, lib_slot& s, bool composed) {
+asio::awaitable<bool> one_request(lib_ctx& c, lib_slot& s, const std::string& variant) {
   s.d.hz[s.d.k] = std::nanf("");
-  if (composed) {
+  if (variant == "fused") {  // one unit; the relu runs in the gemm's kernel (cuBLASLt)
+    auto r = co_await compose(c.dev, upload(s.d.hx, s.x),
+                              c.blas.gemm_fused(c.p, gemm_epilogue::relu, s.x, c.w, {}, s.z),
+                              download(s.z, s.d.hz));
+    co_return r&& s.d.check();
+  }
+  if (variant == "composed") {
     auto r =
         co_await compose(c.dev, upload(s.d.hx, s.x), c.blas.gemm(c.p, s.x, c.w, s.y),
                          c.dnn.activation_forward(c.shape, {}, s.y, s.z), download(s.z, s.d.hz));
@@ -166,13 +172,13 @@ asio::awaitable<bool> one_request(lib_ctx& c, lib_slot& s, bool composed) {
   co_return s.d.check();
 }
 
-asio::awaitable<void> client(lib_ctx& c, lib_slot& s, bool composed, const window& win,
+asio::awaitable<void> client(lib_ctx& c, lib_slot& s, std::string variant, const window& win,
                              std::vector<double>& lat, std::atomic<long>& wrong,
                              std::atomic<int>& left) {
   for (;;) {
     const double t0 = bench::now_us();
     if (t0 >= win.t_end) break;
-    const bool ok = co_await one_request(c, s, composed);
+    const bool ok = co_await one_request(c, s, variant);
     const double t1 = bench::now_us();
     if (t0 >= win.t_start && t1 <= win.t_end) lat.push_back(t1 - t0);
     if (!ok) ++wrong;
@@ -187,8 +193,7 @@ result_row run_library(lib_ctx& c, std::vector<lib_slot>& slots, const std::stri
   std::atomic<int> left{in_flight};
   window win(o.warmup, o.seconds);
   for (int i = 0; i < in_flight; ++i)
-    asio::co_spawn(c.ioc, client(c, slots[i], variant == "composed", win, lat[i], wrong, left),
-                   asio::detached);
+    asio::co_spawn(c.ioc, client(c, slots[i], variant, win, lat[i], wrong, left), asio::detached);
   c.ioc.restart();
   std::vector<std::thread> pool;
   for (int t = 0; t < o.threads; ++t) pool.emplace_back([&] { c.ioc.run(); });
@@ -316,7 +321,8 @@ int usage(const char* why) {
                "          [--seconds S] [--device D] [--json FILE]\n"
                "One request: pageable upload of N x N f32 (default 256), gemm with device\n"
                "weights, cuDNN relu, pageable download, one element checked. Variants:\n"
-               "per_op (four awaits), composed (one compose() unit); each against raw CUDA\n"
+               "per_op (four awaits), composed (one compose() unit), fused (one unit with\n"
+               "gemm_fused's relu epilogue); each against raw CUDA (four calls)\n"
                "with the same requests in flight (default 4,16,512) on T threads (default\n"
                "4). Reports req/s, p50 and p99 latency, process CPU time per request.\n",
                prog);
@@ -362,7 +368,8 @@ int main(int argc, char** argv) {
   for (int f : o.in_flight)
     if (f < 1 || f > 4096) return usage("--in-flight wants counts in 1..4096");
   for (auto& v : o.variants)
-    if (v != "per_op" && v != "composed") return usage("--variants: per_op, composed");
+    if (v != "per_op" && v != "composed" && v != "fused")
+      return usage("--variants: per_op, composed, fused");
   bench::require_gpu(prog);
 
   asio::io_context ioc;

@@ -25,6 +25,22 @@
 
 namespace atomr::cuda {
 
+std::string_view to_string(gemm_epilogue e) noexcept {
+  switch (e) {
+    case gemm_epilogue::bias:
+      return "bias";
+    case gemm_epilogue::relu:
+      return "relu";
+    case gemm_epilogue::gelu:
+      return "gelu";
+    case gemm_epilogue::bias_relu:
+      return "bias_relu";
+    case gemm_epilogue::bias_gelu:
+      return "bias_gelu";
+  }
+  return "unknown";
+}
+
 namespace detail {
 
 /// Everything a recorded gemm baked in: the call's parameters, alpha and
@@ -44,6 +60,10 @@ struct lt_key {
   bool tf32 = false;
   int ta = 0, tb = 0, m = 0, n = 0, k = 0, lda = 0, ldb = 0, ldc = 0;
   unsigned align_a = 0, align_b = 0, align_c = 0;
+  /// gemm_fused: the element type, the epilogue (-1: none, a plain f32 gemm)
+  /// and the bias's alignment.
+  int type = CUDA_R_32F, epilogue = -1;
+  unsigned align_bias = 0;
   friend auto operator<=>(const lt_key&, const lt_key&) = default;
 };
 
@@ -134,6 +154,13 @@ struct blas_lane : lane_base {
   /// shape, no workspace, or no algorithm). Lock held, device current.
   lt_plan* lt_plan_for(bool t32, cublasOperation_t ta, cublasOperation_t tb, const gemm_plan& g,
                        const void* a, const void* b, const void* c);
+  /// gemm_fused's plan (made on first use, cached with the f32 ones): the
+  /// element type `type`, the epilogue, the layouts and an algorithm; null
+  /// when cuBLASLt has none (or no workspace or handle could be made). Lock
+  /// held, device current.
+  lt_plan* fused_plan_for(bool t32, cudaDataType type, cublasOperation_t ta, cublasOperation_t tb,
+                          const gemm_plan& g, gemm_epilogue e, const void* a, const void* b,
+                          const void* bias, const void* c);
   /// cublasLtMatmul with `plan` on stream `s`.
   cublasStatus_t lt_sgemm(const lt_plan& plan, cudaStream_t s, float alpha, float beta,
                           const float* a, const float* b, float* c) const {
@@ -311,6 +338,30 @@ result<gemm_plan> check_gemm(const gemm_params& p, std::size_t a_size, std::size
   return g;
 }
 
+bool epilogue_has_bias(gemm_epilogue e) noexcept {
+  return e == gemm_epilogue::bias || e == gemm_epilogue::bias_relu || e == gemm_epilogue::bias_gelu;
+}
+
+result<gemm_plan> check_gemm_fused(const gemm_params& p, gemm_epilogue e, std::size_t a_size,
+                                   std::size_t b_size, std::size_t bias_size, std::size_t c_size) {
+  constexpr std::string_view op = "gemm_fused";
+  if (static_cast<unsigned>(e) > static_cast<unsigned>(gemm_epilogue::bias_gelu))
+    return bad_argument(op, "epilogue",
+                        "(" + std::to_string(static_cast<unsigned>(e)) +
+                            ") is not a gemm_epilogue (bias, relu, gelu, bias_relu, bias_gelu)");
+  BOOST_OUTCOME_TRY(auto g, check_gemm(p, a_size, b_size, c_size, op));
+  if (!epilogue_has_bias(e) && bias_size != 0)
+    return bad_argument(op, "bias",
+                        "has " + num(bias_size) + " elements, but the epilogue " +
+                            std::string(to_string(e)) + " takes none (pass an empty gpu_ref)");
+  if (epilogue_has_bias(e) && bias_size != static_cast<std::size_t>(g.m))
+    return bad_argument(
+        op, "bias",
+        "has " + num(bias_size) + " elements; the epilogue " + std::string(to_string(e)) +
+            " needs m = " + num(static_cast<std::int64_t>(g.m)) + " (one per row of C)");
+  return g;
+}
+
 result<gemm_batched_plan> check_gemm_batched(const gemm_params& p, const batch_params& b,
                                              std::size_t a_size, std::size_t b_size,
                                              std::size_t c_size) {
@@ -483,6 +534,75 @@ unsigned alignment(const void* p) {
 }
 }  // namespace
 
+namespace {
+/// Fills `plan`: descriptor (compute type, f32 scaling, transposes, the
+/// epilogue and its bias pointer when given), layouts of `type` and the
+/// heuristic's first algorithm within the workspace and the alignments in
+/// `key`. False when cuBLASLt refuses any of it.
+bool build_lt_plan(detail::lt_plan& plan, cublasLtHandle_t lt, std::size_t work_bytes,
+                   const detail::lt_key& key, cublasComputeType_t compute, cudaDataType type,
+                   cublasOperation_t ta, cublasOperation_t tb, const detail::gemm_plan& g,
+                   const cublasLtEpilogue_t* epilogue, const void* bias) {
+  if (cublasLtMatmulDescCreate(&plan.desc, compute, CUDA_R_32F) != CUBLAS_STATUS_SUCCESS)
+    return false;
+  auto set = [&](cublasLtMatmulDescAttributes_t attr, const void* v, std::size_t n) {
+    return cublasLtMatmulDescSetAttribute(plan.desc, attr, v, n) == CUBLAS_STATUS_SUCCESS;
+  };
+  if (!set(CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta) ||
+      !set(CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb))
+    return false;
+  if (epilogue && !set(CUBLASLT_MATMUL_DESC_EPILOGUE, epilogue, sizeof *epilogue)) return false;
+  if (bias && !set(CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias)) return false;
+  // The layouts describe the stored matrices.
+  const bool at = ta == CUBLAS_OP_T, bt = tb == CUBLAS_OP_T;
+  if (cublasLtMatrixLayoutCreate(&plan.la, type, at ? g.k : g.m, at ? g.m : g.k, g.lda) !=
+          CUBLAS_STATUS_SUCCESS ||
+      cublasLtMatrixLayoutCreate(&plan.lb, type, bt ? g.n : g.k, bt ? g.k : g.n, g.ldb) !=
+          CUBLAS_STATUS_SUCCESS ||
+      cublasLtMatrixLayoutCreate(&plan.lc, type, g.m, g.n, g.ldc) != CUBLAS_STATUS_SUCCESS)
+    return false;
+  cublasLtMatmulPreference_t pref = nullptr;
+  if (cublasLtMatmulPreferenceCreate(&pref) != CUBLAS_STATUS_SUCCESS) return false;
+  const std::uint64_t ws = work_bytes;
+  const std::uint32_t al_a = key.align_a, al_b = key.align_b, al_c = key.align_c;
+  bool ok = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                                 &ws, sizeof ws) == CUBLAS_STATUS_SUCCESS;
+  // Algorithms that need more alignment than the buffers have are excluded.
+  for (auto [attr, v] : {std::pair{CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &al_a},
+                         std::pair{CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &al_b},
+                         std::pair{CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al_c},
+                         std::pair{CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al_c}})
+    ok = ok &&
+         cublasLtMatmulPreferenceSetAttribute(pref, attr, v, sizeof *v) == CUBLAS_STATUS_SUCCESS;
+  cublasLtMatmulHeuristicResult_t heur{};
+  int found = 0;
+  const bool chosen =
+      ok &&
+      cublasLtMatmulAlgoGetHeuristic(lt, plan.desc, plan.la, plan.lb, plan.lc, plan.lc, pref, 1,
+                                     &heur, &found) == CUBLAS_STATUS_SUCCESS &&
+      found > 0 && heur.state == CUBLAS_STATUS_SUCCESS;
+  cublasLtMatmulPreferenceDestroy(pref);
+  if (chosen) plan.algo = heur.algo;
+  return chosen;
+}
+
+cublasLtEpilogue_t lt_epilogue(gemm_epilogue e) {
+  switch (e) {
+    case gemm_epilogue::bias:
+      return CUBLASLT_EPILOGUE_BIAS;
+    case gemm_epilogue::relu:
+      return CUBLASLT_EPILOGUE_RELU;
+    case gemm_epilogue::gelu:
+      return CUBLASLT_EPILOGUE_GELU;
+    case gemm_epilogue::bias_relu:
+      return CUBLASLT_EPILOGUE_RELU_BIAS;
+    case gemm_epilogue::bias_gelu:
+      return CUBLASLT_EPILOGUE_GELU_BIAS;
+  }
+  return CUBLASLT_EPILOGUE_DEFAULT;
+}
+}  // namespace
+
 detail::lt_plan* detail::blas_lane::lt_plan_for(bool t32, cublasOperation_t ta,
                                                 cublasOperation_t tb, const gemm_plan& g,
                                                 const void* a, const void* b, const void* c) {
@@ -494,49 +614,38 @@ detail::lt_plan* detail::blas_lane::lt_plan_for(bool t32, cublasOperation_t ta,
   if (!workspace()) return nullptr;
   auto plan = std::make_shared<lt_plan>();
   ++lt_plans_made;
-  const bool ok = [&] {
-    const cublasComputeType_t compute =
-        t32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F_PEDANTIC;
-    if (cublasLtMatmulDescCreate(&plan->desc, compute, CUDA_R_32F) != CUBLAS_STATUS_SUCCESS)
-      return false;
-    if (cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta) !=
-            CUBLAS_STATUS_SUCCESS ||
-        cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb) !=
-            CUBLAS_STATUS_SUCCESS)
-      return false;
-    // The layouts describe the stored matrices.
-    const bool at = ta == CUBLAS_OP_T, bt = tb == CUBLAS_OP_T;
-    if (cublasLtMatrixLayoutCreate(&plan->la, CUDA_R_32F, at ? g.k : g.m, at ? g.m : g.k, g.lda) !=
-            CUBLAS_STATUS_SUCCESS ||
-        cublasLtMatrixLayoutCreate(&plan->lb, CUDA_R_32F, bt ? g.n : g.k, bt ? g.k : g.n, g.ldb) !=
-            CUBLAS_STATUS_SUCCESS ||
-        cublasLtMatrixLayoutCreate(&plan->lc, CUDA_R_32F, g.m, g.n, g.ldc) != CUBLAS_STATUS_SUCCESS)
-      return false;
-    cublasLtMatmulPreference_t pref = nullptr;
-    if (cublasLtMatmulPreferenceCreate(&pref) != CUBLAS_STATUS_SUCCESS) return false;
-    const std::uint64_t ws = work_bytes;
-    const std::uint32_t al_a = key.align_a, al_b = key.align_b, al_c = key.align_c;
-    bool set = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
-                                                    &ws, sizeof ws) == CUBLAS_STATUS_SUCCESS;
-    // Algorithms that need more alignment than the buffers have are excluded.
-    for (auto [attr, v] : {std::pair{CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &al_a},
-                           std::pair{CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &al_b},
-                           std::pair{CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al_c},
-                           std::pair{CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al_c}})
-      set = set &&
-            cublasLtMatmulPreferenceSetAttribute(pref, attr, v, sizeof *v) == CUBLAS_STATUS_SUCCESS;
-    cublasLtMatmulHeuristicResult_t heur{};
-    int found = 0;
-    const bool chosen =
-        set &&
-        cublasLtMatmulAlgoGetHeuristic(lt, plan->desc, plan->la, plan->lb, plan->lc, plan->lc, pref,
-                                       1, &heur, &found) == CUBLAS_STATUS_SUCCESS &&
-        found > 0 && heur.state == CUBLAS_STATUS_SUCCESS;
-    cublasLtMatmulPreferenceDestroy(pref);
-    if (chosen) plan->algo = heur.algo;
-    return chosen;
-  }();
-  plan->usable = ok;
+  plan->usable = build_lt_plan(*plan, lt, work_bytes, key,
+                               t32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F_PEDANTIC,
+                               CUDA_R_32F, ta, tb, g, nullptr, nullptr);
+  cudaGetLastError();
+  auto& kept = lt_plans.insert(key, std::move(plan));
+  return kept->usable ? kept.get() : nullptr;
+}
+
+detail::lt_plan* detail::blas_lane::fused_plan_for(bool t32, cudaDataType type,
+                                                   cublasOperation_t ta, cublasOperation_t tb,
+                                                   const gemm_plan& g, gemm_epilogue e,
+                                                   const void* a, const void* b, const void* bias,
+                                                   const void* c) {
+  if (!lt && cublasLtCreate(&lt) != CUBLAS_STATUS_SUCCESS) {
+    lt = nullptr;
+    return nullptr;
+  }
+  lt_key key{t32,   static_cast<int>(ta), static_cast<int>(tb), g.m,         g.n, g.k, g.lda, g.ldb,
+             g.ldc, alignment(a),         alignment(b),         alignment(c)};
+  key.type = type;
+  key.epilogue = static_cast<int>(e);
+  key.align_bias = bias ? alignment(bias) : 0;
+  if (type != CUDA_R_32F) key.tf32 = false;  // the math mode is f32's only
+  if (auto* found = lt_plans.find(key)) return (*found)->usable ? found->get() : nullptr;
+  if (!workspace()) return nullptr;
+  auto plan = std::make_shared<lt_plan>();
+  ++lt_plans_made;
+  const cublasComputeType_t compute = type != CUDA_R_32F ? CUBLAS_COMPUTE_32F
+                                      : t32              ? CUBLAS_COMPUTE_32F_FAST_TF32
+                                                         : CUBLAS_COMPUTE_32F_PEDANTIC;
+  const cublasLtEpilogue_t epi = lt_epilogue(e);
+  plan->usable = build_lt_plan(*plan, lt, work_bytes, key, compute, type, ta, tb, g, &epi, bias);
   cudaGetLastError();
   auto& kept = lt_plans.insert(key, std::move(plan));
   return kept->usable ? kept.get() : nullptr;
@@ -739,6 +848,68 @@ asio::awaitable<result<gpu_ref<T>>> do_gemm(state_ptr st, gemm_params p, gpu_ref
       BOOST_OUTCOME_TRY(lane.run_recorded(key, used, call, rec));
     }
     return keep{a, b, std::move(rec), st};
+  });
+}
+
+template <class T>
+constexpr cudaDataType lt_type() {
+  if constexpr (std::is_same_v<T, float>)
+    return CUDA_R_32F;
+  else if constexpr (std::is_same_v<T, half>)
+    return CUDA_R_16F;
+  else
+    return CUDA_R_16BF;
+}
+
+template <class T>
+asio::awaitable<result<gpu_ref<T>>> do_gemm_fused(state_ptr st, gemm_params p, gemm_epilogue e,
+                                                  gpu_ref<T> a, gpu_ref<T> b, gpu_ref<T> bias,
+                                                  gpu_ref<T> c) {
+  constexpr std::string_view op = "gemm_fused";
+  if (auto ok = st->accepting(); !ok) co_return tag(ok.error());
+  auto g = detail::check_gemm_fused(p, e, a.size(), b.size(), bias.size(), c.size());
+  if (!g) co_return tag(g.error());
+  if (auto ok = check_abc(op, st->dev, a, b, c, g.value()); !ok) co_return tag(ok.error());
+  const bool with_bias = detail::epilogue_has_bias(e);
+  if (with_bias) {
+    const auto m = static_cast<std::size_t>(g.value().m);
+    if (auto ok = check_arg(op, "bias", bias, st->dev, m); !ok) co_return tag(ok.error());
+    if (auto ok = disjoint(op, "c", c, g.value().c_elems, "bias", bias, m); !ok)
+      co_return tag(ok.error());
+  }
+  auto& lane = st->lane(c.state().get());
+  using keep = std::tuple<gpu_ref<T>, gpu_ref<T>, gpu_ref<T>, state_ptr>;
+  co_return co_await run_kernel(k_lib, lane.strm, st->how, c, [&](launch& l) -> result<keep> {
+    BOOST_OUTCOME_TRY(const T* pa, l.read(a));
+    BOOST_OUTCOME_TRY(const T* pb, l.read(b));
+    const T* pbias = nullptr;
+    if (with_bias) {
+      BOOST_OUTCOME_TRY(pbias, l.read(bias));
+    }
+    BOOST_OUTCOME_TRY(T * pc, l.write(c));
+    const auto& gp = g.value();
+    const auto ta = to_cublas(p.transa), tb = to_cublas(p.transb);
+    std::lock_guard lk(lane.mu);
+    const bool t32 = st->tf32.load(std::memory_order_relaxed);
+    auto* plan = lane.fused_plan_for(t32, lt_type<T>(), ta, tb, gp, e, pa, pb, pbias, pc);
+    if (!plan)
+      return make_error(errc::not_supported,
+                        "gemm_fused: cuBLASLt has no algorithm for m = " + std::to_string(gp.m) +
+                            ", n = " + std::to_string(gp.n) + ", k = " + std::to_string(gp.k) +
+                            " with the epilogue " + std::string(to_string(e)) + " on " +
+                            std::string(to_string(dtype_of<T>)) +
+                            " (or no cuBLASLt handle or workspace could be made)");
+    // The plan is shared by the calls of its shape: this call's bias goes in now.
+    if (with_bias && cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER,
+                                                    &pbias, sizeof pbias) != CUBLAS_STATUS_SUCCESS)
+      return make_error(errc::library, "gemm_fused: cuBLASLt refused the bias pointer");
+    const float alpha = static_cast<float>(p.alpha), beta = static_cast<float>(p.beta);
+    BOOST_OUTCOME_TRY(cublas_ok(
+        cublasLtMatmul(lane.lt, plan->desc, &alpha, pa, plan->la, pb, plan->lb, &beta, pc, plan->lc,
+                       pc, plan->lc, &plan->algo, lane.work, lane.work_bytes, l.native_stream()),
+        "cublasLtMatmul"));
+    ++lane.lt_calls;
+    return keep{a, b, bias, st};
   });
 }
 
@@ -1141,6 +1312,17 @@ ATOMR_BLAS_GEMM(double)
 ATOMR_BLAS_GEMM(half)
 ATOMR_BLAS_GEMM(bfloat16)
 #undef ATOMR_BLAS_GEMM
+
+#define ATOMR_BLAS_GEMM_FUSED(T)                                                                   \
+  asio::awaitable<result<gpu_ref<T>>> blas_actor::gemm_fused(                                      \
+      gemm_params p, gemm_epilogue e, gpu_ref<T> a, gpu_ref<T> b, gpu_ref<T> bias, gpu_ref<T> c)   \
+      const {                                                                                      \
+    return do_gemm_fused<T>(st_, p, e, std::move(a), std::move(b), std::move(bias), std::move(c)); \
+  }
+ATOMR_BLAS_GEMM_FUSED(float)
+ATOMR_BLAS_GEMM_FUSED(half)
+ATOMR_BLAS_GEMM_FUSED(bfloat16)
+#undef ATOMR_BLAS_GEMM_FUSED
 
 #define ATOMR_BLAS_LEVEL12(T)                                                                      \
   asio::awaitable<result<gpu_ref<T>>> blas_actor::gemv(gemv_params p, gpu_ref<T> a, gpu_ref<T> x,  \

@@ -233,3 +233,43 @@ TEST_CASE_FIXTURE(io_fixture, "blas_actor::create on an unusable device is devic
   REQUIRE_FALSE(b);
   CHECK(b.error().code() == errc::device_unavailable);
 }
+
+TEST_CASE("check_gemm_fused: the epilogue and its bias, on top of gemm's checks") {
+  const gemm_params p{.m = 37, .n = 29, .k = 64};
+  const std::size_t a = 37 * 64, b = 64 * 29, c = 37 * 29;
+  for (auto e : {gemm_epilogue::relu, gemm_epilogue::gelu}) {
+    CAPTURE(to_string(e));
+    CHECK(!detail::epilogue_has_bias(e));
+    auto g = detail::check_gemm_fused(p, e, a, b, 0, c);
+    REQUIRE(g);
+    CHECK(g.value().m == 37);
+    CHECK(g.value().ldc == 37);
+    auto extra = detail::check_gemm_fused(p, e, a, b, 37, c);
+    REQUIRE_FALSE(extra);
+    CHECK(extra.error().code() == errc::invalid_argument);
+    CHECK(extra.error().message().find("gemm_fused: bias") != std::string::npos);
+    CHECK(extra.error().message().find("takes none") != std::string::npos);
+  }
+  for (auto e : {gemm_epilogue::bias, gemm_epilogue::bias_relu, gemm_epilogue::bias_gelu}) {
+    CAPTURE(to_string(e));
+    CHECK(detail::epilogue_has_bias(e));
+    CHECK(detail::check_gemm_fused(p, e, a, b, 37, c));
+    for (std::size_t wrong : {std::size_t{0}, std::size_t{29}, std::size_t{38}}) {
+      CAPTURE(wrong);
+      auto r = detail::check_gemm_fused(p, e, a, b, wrong, c);
+      REQUIRE_FALSE(r);
+      CHECK(r.error().code() == errc::invalid_argument);
+      CHECK(r.error().message().find("needs m = 37") != std::string::npos);
+    }
+  }
+  auto bad = detail::check_gemm_fused(p, static_cast<gemm_epilogue>(9), a, b, 0, c);
+  REQUIRE_FALSE(bad);
+  CHECK(bad.error().message().find("gemm_fused: epilogue (9) is not a gemm_epilogue") !=
+        std::string::npos);
+  CHECK(to_string(static_cast<gemm_epilogue>(9)) == "unknown");
+  // gemm's own checks, named for gemm_fused.
+  auto small_c = detail::check_gemm_fused(p, gemm_epilogue::relu, a, b, 0, c - 1);
+  REQUIRE_FALSE(small_c);
+  CHECK(small_c.error().message().find("gemm_fused") != std::string::npos);
+  CHECK(small_c.error().message().find("c") != std::string::npos);
+}

@@ -661,3 +661,108 @@ TEST_CASE_FIXTURE(blas_fixture,
   REQUIRE(run(with_lt.gemm({.m = 0, .n = 0, .k = 0}, a, b, cv)));
   CHECK(with_lt.statistics().gemm_lt_fallbacks == 1);
 }
+
+// ------------------------------------------------------------------ gemm_fused
+
+namespace {
+
+/// cuBLASLt's GELU: the tanh form, 0.5 x (1 + tanh(sqrt(2 / pi) (x + 0.044715 x^3))).
+double gelu_tanh(double x) {
+  return 0.5 * x * (1.0 + std::tanh(0.7978845608028654 * (x + 0.044715 * x * x * x)));
+}
+
+/// One gemm_fused call against the double-precision reference: relative L2 error.
+template <class T>
+double fused_error(blas_fixture& f, gemm_epilogue e, blas_op ta, blas_op tb) {
+  constexpr int m = 37, n = 29, k = 64;
+  const int lda = ta == blas_op::n ? m : k, ldb = tb == blas_op::n ? k : n, ldc = m;
+  const auto av = random_values<T>(std::size_t(lda) * (ta == blas_op::n ? k : m), 21);
+  const auto bv = random_values<T>(std::size_t(ldb) * (tb == blas_op::n ? n : k), 22);
+  const auto cv = random_values<T>(std::size_t(ldc) * n, 23);
+  const auto biasv = random_values<T>(m, 24);
+  const bool with_bias = detail::epilogue_has_bias(e);
+  auto a = f.put(av), b = f.put(bv), c = f.put(cv);
+  auto bias = with_bias ? f.put(biasv) : gpu_ref<T>{};
+  const double alpha = 0.75, beta = 0.5;
+  auto r = f.run(f.blas.gemm_fused({.transa = ta,
+                                    .transb = tb,
+                                    .m = m,
+                                    .n = n,
+                                    .k = k,
+                                    .lda = lda,
+                                    .ldb = ldb,
+                                    .ldc = ldc,
+                                    .alpha = alpha,
+                                    .beta = beta},
+                                   e, a, b, bias, c));
+  REQUIRE_MESSAGE(r, (r ? "" : r.error().message()));
+  const auto out = f.get(c);
+  double num = 0, den = 0;
+  for (int j = 0; j < n; ++j)
+    for (int i = 0; i < m; ++i) {
+      double x = 0;
+      for (int p = 0; p < k; ++p) {
+        const double aip = to_double(ta == blas_op::n ? av[i + std::size_t(p) * lda]
+                                                      : av[p + std::size_t(i) * lda]);
+        const double bpj = to_double(tb == blas_op::n ? bv[p + std::size_t(j) * ldb]
+                                                      : bv[j + std::size_t(p) * ldb]);
+        x += aip * bpj;
+      }
+      x = alpha * x + beta * to_double(cv[i + std::size_t(j) * ldc]);
+      if (with_bias) x += to_double(biasv[i]);
+      if (e == gemm_epilogue::relu || e == gemm_epilogue::bias_relu) x = std::max(x, 0.0);
+      if (e == gemm_epilogue::gelu || e == gemm_epilogue::bias_gelu) x = gelu_tanh(x);
+      const double d = to_double(out[i + std::size_t(j) * ldc]) - x;
+      num += d * d;
+      den += x * x;
+    }
+  return std::sqrt(num / den);
+}
+
+template <class T>
+void check_fused_all(blas_fixture& f) {
+  for (auto e : {gemm_epilogue::bias, gemm_epilogue::relu, gemm_epilogue::gelu,
+                 gemm_epilogue::bias_relu, gemm_epilogue::bias_gelu})
+    for (auto ta : {blas_op::n, blas_op::t})
+      for (auto tb : {blas_op::n, blas_op::t}) {
+        CAPTURE(to_string(e));
+        CAPTURE(static_cast<int>(ta));
+        CAPTURE(static_cast<int>(tb));
+        CHECK(fused_error<T>(f, e, ta, tb) < tolerance<T>());
+      }
+}
+
+}  // namespace
+
+TEST_CASE_FIXTURE(blas_fixture,
+                  "gemm_fused: every epilogue, f32, f16 and bf16, against a double reference") {
+  SUBCASE("f32") {
+    check_fused_all<float>(*this);
+  }
+  SUBCASE("f16") {
+    check_fused_all<half>(*this);
+  }
+  SUBCASE("bf16") {
+    check_fused_all<bfloat16>(*this);
+  }
+  const auto s = blas.statistics();
+  CHECK(s.gemm_lt_calls > 0);
+}
+
+TEST_CASE_FIXTURE(blas_fixture, "gemm_fused: bad arguments answer before any GPU call") {
+  auto a = alloc<float>(64), b = alloc<float>(64), c = alloc<float>(64), bias = alloc<float>(8);
+  const gemm_params p{.m = 8, .n = 8, .k = 8};
+  const auto before = dev.statistics();
+  auto wrong_bias = run(blas.gemm_fused(p, gemm_epilogue::bias_relu, a, b, alloc<float>(7), c));
+  REQUIRE_FALSE(wrong_bias);
+  CHECK(wrong_bias.error().code() == errc::invalid_argument);
+  auto extra_bias = run(blas.gemm_fused(p, gemm_epilogue::relu, a, b, bias, c));
+  REQUIRE_FALSE(extra_bias);
+  CHECK(extra_bias.error().code() == errc::invalid_argument);
+  auto aliased = run(blas.gemm_fused(p, gemm_epilogue::bias, a, b, c.subspan(0, 8).value(), c));
+  REQUIRE_FALSE(aliased);
+  CHECK(aliased.error().code() == errc::invalid_argument);
+  const auto after = dev.statistics();
+  CHECK(after.ops_completed == before.ops_completed);
+  CHECK(after.ops_failed == before.ops_failed);
+}

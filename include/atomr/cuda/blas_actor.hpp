@@ -76,8 +76,8 @@ struct blas_statistics {
   std::uint64_t gemm_graph_launches = 0;  ///< gemm calls run as a recorded graph
   std::uint64_t gemm_graph_failures = 0;  ///< recordings that failed (recording then stops)
   std::size_t gemm_graphs_cached = 0;
-  std::uint64_t gemm_lt_calls = 0;      ///< f32 gemm calls made through cublasLtMatmul
-  std::uint64_t gemm_lt_plans = 0;      ///< cuBLASLt algorithm choices made (cached after)
+  std::uint64_t gemm_lt_calls = 0;  ///< f32 gemm and gemm_fused calls made through cublasLtMatmul
+  std::uint64_t gemm_lt_plans = 0;  ///< cuBLASLt algorithm choices made (cached after)
   std::uint64_t gemm_lt_fallbacks = 0;  ///< f32 gemm calls cuBLASLt could not take
   std::size_t lanes = 0;                ///< lanes made so far (blas_options::max_lanes)
 };
@@ -93,6 +93,18 @@ struct gemm_params {
   double alpha = 1.0;
   double beta = 0.0;
 };
+
+/// What gemm_fused applies to each element x = alpha * op(A) op(B) + beta * C
+/// in the same cuBLASLt kernel (CUBLASLT_MATMUL_DESC_EPILOGUE). The bias
+/// holds one value per row of C, added to every column.
+enum class gemm_epilogue : std::uint8_t {
+  bias,       ///< x + bias[row] (CUBLASLT_EPILOGUE_BIAS)
+  relu,       ///< max(x, 0) (CUBLASLT_EPILOGUE_RELU)
+  gelu,       ///< GELU(x), cuBLASLt's tanh form (CUBLASLT_EPILOGUE_GELU)
+  bias_relu,  ///< max(x + bias[row], 0) (CUBLASLT_EPILOGUE_RELU_BIAS)
+  bias_gelu,  ///< GELU(x + bias[row]) (CUBLASLT_EPILOGUE_GELU_BIAS)
+};
+std::string_view to_string(gemm_epilogue e) noexcept;
 
 /// A stride of batch_params meaning tight: ld * (columns of the stored matrix).
 inline constexpr std::int64_t tight_stride = -1;
@@ -136,6 +148,13 @@ struct gemm_plan {
 };
 result<gemm_plan> check_gemm(const gemm_params& p, std::size_t a_size, std::size_t b_size,
                              std::size_t c_size, std::string_view op = "gemm");
+
+/// gemm's checks, a known epilogue, and `bias`: empty for relu and gelu,
+/// exactly m elements (one per row of C) for the bias epilogues.
+result<gemm_plan> check_gemm_fused(const gemm_params& p, gemm_epilogue e, std::size_t a_size,
+                                   std::size_t b_size, std::size_t bias_size, std::size_t c_size);
+/// True for bias, bias_relu and bias_gelu.
+bool epilogue_has_bias(gemm_epilogue e) noexcept;
 
 struct gemm_batched_plan {
   gemm_plan g;  ///< a_elems... are the spans of all batches
@@ -225,6 +244,25 @@ public:
   asio::awaitable<result<gpu_ref<bfloat16>>> gemm(gemm_params p, gpu_ref<bfloat16> a,
                                                   gpu_ref<bfloat16> b, gpu_ref<bfloat16> c) const;
 
+  /// C = epilogue(alpha * op(A) op(B) + beta * C), the epilogue fused into
+  /// the matmul kernel (cublasLtMatmul; docs/design.md, "Fused gemm
+  /// epilogues"). f32 in the actor's math mode (pedantic, or TF32), f16 and
+  /// bf16 with f32 accumulation and scaling. `bias`: an empty gpu_ref for
+  /// relu and gelu, m elements of the same type for the bias epilogues
+  /// (read, not written). Arguments are checked as gemm's, plus the
+  /// epilogue and the bias, before any GPU call; not_supported when
+  /// cuBLASLt has no algorithm for the shape.
+  asio::awaitable<result<gpu_ref<float>>> gemm_fused(gemm_params p, gemm_epilogue e,
+                                                     gpu_ref<float> a, gpu_ref<float> b,
+                                                     gpu_ref<float> bias, gpu_ref<float> c) const;
+  asio::awaitable<result<gpu_ref<half>>> gemm_fused(gemm_params p, gemm_epilogue e, gpu_ref<half> a,
+                                                    gpu_ref<half> b, gpu_ref<half> bias,
+                                                    gpu_ref<half> c) const;
+  asio::awaitable<result<gpu_ref<bfloat16>>> gemm_fused(gemm_params p, gemm_epilogue e,
+                                                        gpu_ref<bfloat16> a, gpu_ref<bfloat16> b,
+                                                        gpu_ref<bfloat16> bias,
+                                                        gpu_ref<bfloat16> c) const;
+
   asio::awaitable<result<gpu_ref<float>>> gemm_strided_batched(gemm_params p, batch_params b,
                                                                gpu_ref<float> a, gpu_ref<float> bm,
                                                                gpu_ref<float> c) const;
@@ -296,6 +334,16 @@ public:
   auto gemm(gemm_params p, gpu_ref<T> a, gpu_ref<T> b, gpu_ref<T> c, Token&& token) const {
     return detail::async_actor_op(*this, std::forward<Token>(token),
                                   [=](const blas_actor& s) { return s.gemm(p, a, b, c); });
+  }
+  template <element T, result_token<gpu_ref<T>> Token>
+  requires requires(const blas_actor& s, gemm_params p, gemm_epilogue e, gpu_ref<T> x) {
+    s.gemm_fused(p, e, x, x, x, x);
+  }
+  auto gemm_fused(gemm_params p, gemm_epilogue e, gpu_ref<T> a, gpu_ref<T> b, gpu_ref<T> bias,
+                  gpu_ref<T> c, Token&& token) const {
+    return detail::async_actor_op(*this, std::forward<Token>(token), [=](const blas_actor& s) {
+      return s.gemm_fused(p, e, a, b, bias, c);
+    });
   }
   template <element T, result_token<gpu_ref<T>> Token>
   requires requires(const blas_actor& s, gemm_params p, batch_params b, gpu_ref<T> x) {
