@@ -144,6 +144,21 @@ struct blas_lane : lane_base {
     return outcome::success();
   }
 
+  /// Inside a recording (lane_hold): the handle on the recording's stream
+  /// with a workspace of the recording's, of the lane's workspace size (so
+  /// that cuBLAS and cuBLASLt choose the algorithms they choose for the
+  /// lane's direct calls). Lock held.
+  result<void> bind(launch& l);
+  /// Back on the lane's stream (cublasSetStream, which also gives the handle
+  /// back cuBLAS's default workspace, as before bind). Lock held.
+  void unbind() noexcept {
+    rec_work = nullptr;
+    cublasSetStream(handle, strm.native_handle());
+  }
+  /// The workspace calls use now: the recording's while bound to one.
+  void* active_work() const noexcept { return rec_work ? rec_work : work; }
+  void* rec_work = nullptr;
+
   /// The workspace, made once: 32 MiB on compute capability 9 and later,
   /// 4 MiB before (cuBLAS's recommendation for cublasSetWorkspace). Null
   /// when it could not be made.
@@ -165,7 +180,7 @@ struct blas_lane : lane_base {
   cublasStatus_t lt_sgemm(const lt_plan& plan, cudaStream_t s, float alpha, float beta,
                           const float* a, const float* b, float* c) const {
     return cublasLtMatmul(lt, plan.desc, &alpha, a, plan.la, b, plan.lb, &beta, c, plan.lc, c,
-                          plan.lc, &plan.algo, work, work_bytes, s);
+                          plan.lc, &plan.algo, active_work(), work_bytes, s);
   }
 
   /// Runs `call(stream)` (one cuBLAS enqueue on `stream`, which the handle
@@ -525,6 +540,19 @@ void* detail::blas_lane::workspace() {
   return work;
 }
 
+result<void> detail::blas_lane::bind(launch& l) {
+  if (!workspace())
+    return make_error(errc::out_of_memory, "cublas: the lane's workspace could not be made");
+  BOOST_OUTCOME_TRY(void* ws, l.recording_workspace(work_bytes));
+  BOOST_OUTCOME_TRY(cublas_ok(cublasSetStream(handle, l.native_stream()), "cublasSetStream"));
+  if (auto e = cublasSetWorkspace(handle, ws, work_bytes); e != CUBLAS_STATUS_SUCCESS) {
+    cublasSetStream(handle, strm.native_handle());
+    return classify(e, "cublasSetWorkspace");
+  }
+  rec_work = ws;
+  return outcome::success();
+}
+
 namespace {
 /// The largest power of two (up to 256) that divides the address.
 unsigned alignment(const void* p) {
@@ -821,7 +849,8 @@ asio::awaitable<result<gpu_ref<T>>> do_gemm(state_ptr st, gemm_params p, gpu_ref
     };
     std::shared_ptr<const detail::recorded_exec> rec;
     {
-      std::lock_guard lk(lane.mu);
+      detail::lane_hold hold(lane, l);
+      BOOST_OUTCOME_TRY(hold.status());
       const bool t32 = st->tf32.load(std::memory_order_relaxed);
       BOOST_OUTCOME_TRY(lane.use_tf32(t32));
       if constexpr (std::is_same_v<T, float>) {
@@ -845,7 +874,14 @@ asio::awaitable<result<gpu_ref<T>>> do_gemm(state_ptr st, gemm_params p, gpu_ref
                                  reinterpret_cast<std::uintptr_t>(pa),
                                  reinterpret_cast<std::uintptr_t>(pb),
                                  reinterpret_cast<std::uintptr_t>(pc)};
-      BOOST_OUTCOME_TRY(lane.run_recorded(key, used, call, rec));
+      if (l.recording()) {
+        // Into the unit's graph: the call itself (never a graph of its own),
+        // on the recording's stream with the recording's workspace.
+        const cublasStatus_t r = call(l.native_stream());
+        BOOST_OUTCOME_TRY(cublas_ok(r, used));
+      } else {
+        BOOST_OUTCOME_TRY(lane.run_recorded(key, used, call, rec));
+      }
     }
     return keep{a, b, std::move(rec), st};
   });
@@ -889,7 +925,8 @@ asio::awaitable<result<gpu_ref<T>>> do_gemm_fused(state_ptr st, gemm_params p, g
     BOOST_OUTCOME_TRY(T * pc, l.write(c));
     const auto& gp = g.value();
     const auto ta = to_cublas(p.transa), tb = to_cublas(p.transb);
-    std::lock_guard lk(lane.mu);
+    detail::lane_hold hold(lane, l);
+    BOOST_OUTCOME_TRY(hold.status());
     const bool t32 = st->tf32.load(std::memory_order_relaxed);
     auto* plan = lane.fused_plan_for(t32, lt_type<T>(), ta, tb, gp, e, pa, pb, pbias, pc);
     if (!plan)
@@ -906,7 +943,8 @@ asio::awaitable<result<gpu_ref<T>>> do_gemm_fused(state_ptr st, gemm_params p, g
     const float alpha = static_cast<float>(p.alpha), beta = static_cast<float>(p.beta);
     BOOST_OUTCOME_TRY(cublas_ok(
         cublasLtMatmul(lane.lt, plan->desc, &alpha, pa, plan->la, pb, plan->lb, &beta, pc, plan->lc,
-                       pc, plan->lc, &plan->algo, lane.work, lane.work_bytes, l.native_stream()),
+                       pc, plan->lc, &plan->algo, lane.active_work(), lane.work_bytes,
+                       l.native_stream()),
         "cublasLtMatmul"));
     ++lane.lt_calls;
     return keep{a, b, bias, st};
@@ -929,7 +967,8 @@ asio::awaitable<result<gpu_ref<T>>> do_gemm_batched(state_ptr st, gemm_params p,
     BOOST_OUTCOME_TRY(T * pc, l.write(c));
     cublasStatus_t s;
     {
-      std::lock_guard lk(lane.mu);
+      detail::lane_hold hold(lane, l);
+      BOOST_OUTCOME_TRY(hold.status());
       BOOST_OUTCOME_TRY(lane.use_tf32(st->tf32.load(std::memory_order_relaxed)));
       s = gemm_traits<T>::batched(lane.handle, to_cublas(p.transa), to_cublas(p.transb),
                                   plan.value(), p.alpha, p.beta, pa, pb, pc);
@@ -1037,7 +1076,8 @@ asio::awaitable<result<gpu_ref<T>>> do_gemv(state_ptr st, gemv_params p, gpu_ref
     BOOST_OUTCOME_TRY(T * py, l.write(y));
     cublasStatus_t s;
     {
-      std::lock_guard lk(lane.mu);
+      detail::lane_hold hold(lane, l);
+      BOOST_OUTCOME_TRY(hold.status());
       s = level_traits<T>::gemv(lane.handle, to_cublas(p.trans), g, p.alpha, p.beta, pa, px, py);
     }
     BOOST_OUTCOME_TRY(cublas_ok(s, level_traits<T>::gemv_name));
@@ -1068,7 +1108,8 @@ asio::awaitable<result<gpu_ref<T>>> do_axpy(state_ptr st, std::int64_t n, double
     BOOST_OUTCOME_TRY(T * py, l.write(y));
     cublasStatus_t s;
     {
-      std::lock_guard lk(lane.mu);
+      detail::lane_hold hold(lane, l);
+      BOOST_OUTCOME_TRY(hold.status());
       s = level_traits<T>::axpy(lane.handle, p.n, alpha, px, p.incx, py, p.incy);
     }
     BOOST_OUTCOME_TRY(cublas_ok(s, level_traits<T>::axpy_name));
@@ -1090,7 +1131,8 @@ asio::awaitable<result<gpu_ref<T>>> do_scal(state_ptr st, std::int64_t n, double
     BOOST_OUTCOME_TRY(T * px, l.write(x));
     cublasStatus_t s;
     {
-      std::lock_guard lk(lane.mu);
+      detail::lane_hold hold(lane, l);
+      BOOST_OUTCOME_TRY(hold.status());
       s = level_traits<T>::scal(lane.handle, p.n, alpha, px, p.incx);
     }
     BOOST_OUTCOME_TRY(cublas_ok(s, level_traits<T>::scal_name));
@@ -1109,7 +1151,7 @@ asio::awaitable<result<R>> scalar_op(state_ptr st, std::string_view call_name, K
     co_return tag(make_error(errc::not_supported,
                              std::string(call_name) +
                                  ": yields a host value the GPU computes, known only after its "
-                                 "wait: not available as a step of compose() (await it alone)"));
+                                 "wait: not available as a step of compose() or record() (await it alone)"));
   // The scratch scalar is allocated on the lane's stream: no cross-stream wait.
   auto& lane = st->lane();
   auto scratch = st->dev.allocate<R>(1, lane.strm);

@@ -15,8 +15,8 @@
 namespace atomr::cuda::detail {
 
 namespace {
-std::string step_prefix(std::size_t k, std::size_t n) {
-  return "compose: step " + std::to_string(k) + " of " + std::to_string(n) + ": ";
+std::string step_prefix(std::size_t k, std::size_t n, std::string_view unit) {
+  return std::string(unit) + ": step " + std::to_string(k) + " of " + std::to_string(n) + ": ";
 }
 
 /// Parks every stage's keep-alive (and output) until its own event completes.
@@ -30,23 +30,25 @@ void settle_all(unit_recorder& rec, const gpu_error* e) {
 }
 }  // namespace
 
-gpu_error unit_step_error(const gpu_error& e, std::size_t k, std::size_t n) {
-  return gpu_error(e.code(), e.library(), e.native_status(), step_prefix(k, n) + e.message());
+gpu_error unit_step_error(const gpu_error& e, std::size_t k, std::size_t n,
+                          std::string_view unit) {
+  return gpu_error(e.code(), e.library(), e.native_status(), step_prefix(k, n, unit) + e.message());
 }
 
-gpu_error unit_step_exception(std::exception_ptr e, std::size_t k, std::size_t n) {
+gpu_error unit_step_exception(std::exception_ptr e, std::size_t k, std::size_t n,
+                              std::string_view unit) {
   try {
     std::rethrow_exception(e);
   } catch (const boost::system::system_error& se) {
     if (se.code() == asio::error::operation_aborted)
-      return make_error(errc::cancelled, step_prefix(k, n) + "cancelled before its enqueue");
-    return make_error(errc::library, step_prefix(k, n) + se.what());
+      return make_error(errc::cancelled, step_prefix(k, n, unit) + "cancelled before its enqueue");
+    return make_error(errc::library, step_prefix(k, n, unit) + se.what());
   } catch (const std::bad_alloc&) {
-    return make_error(errc::out_of_memory, step_prefix(k, n) + "out of host memory");
+    return make_error(errc::out_of_memory, step_prefix(k, n, unit) + "out of host memory");
   } catch (const std::exception& x) {
-    return make_error(errc::library, step_prefix(k, n) + x.what());
+    return make_error(errc::library, step_prefix(k, n, unit) + x.what());
   } catch (...) {
-    return make_error(errc::library, step_prefix(k, n) + "an exception");
+    return make_error(errc::library, step_prefix(k, n, unit) + "an exception");
   }
 }
 

@@ -388,9 +388,15 @@ struct cudnn_lane : lane_base {
   /// The recording stream (null when cuda_graphs is off). Lock held, device current.
   cudaStream_t capture_stream() { return cfg.cuda_graphs ? capture.get() : nullptr; }
 
-  /// Runs a graph-API plan and counts how it ran.
-  result<void> run_graph(conv_plan& plan, const void* x, const void* w, void* y, void* ws,
-                         std::shared_ptr<const recorded_exec>& keep) {
+  /// Runs a graph-API plan and counts how it ran. Inside a recording
+  /// (graph.hpp) it is executed into the recording's stream, never as a
+  /// graph of its own.
+  result<void> run_graph(launch& l, conv_plan& plan, const void* x, const void* w, void* y,
+                         void* ws, std::shared_ptr<const recorded_exec>& keep) {
+    if (l.recording()) {
+      BOOST_OUTCOME_TRY(plan.graph->execute_direct(handle, x, w, y, ws));
+      return outcome::success();
+    }
     const bool could_record = !plan.graph->recording_failed();
     BOOST_OUTCOME_TRY(auto how, plan.graph->execute(handle, strm.native_handle(), capture_stream(),
                                                     x, w, y, ws, keep));
@@ -399,6 +405,15 @@ struct cudnn_lane : lane_base {
     if (could_record && plan.graph->recording_failed()) ++graph_failures;
     return outcome::success();
   }
+
+  /// Inside a recording (lane_hold): the handle on the recording's stream.
+  /// Lock held.
+  result<void> bind(launch& l) {
+    BOOST_OUTCOME_TRY(auto h, get_handle());
+    return ok(cudnnSetStream(h, l.native_stream()), "cudnnSetStream");
+  }
+  /// Back on the lane's stream. Lock held.
+  void unbind() noexcept { cudnnSetStream(handle, strm.native_handle()); }
 
   /// Creates the handle on first use and binds it to the lane's stream.
   /// Called with the lock held and the device current.
@@ -637,7 +652,8 @@ asio::awaitable<result<gpu_ref<T>>> conv2d(std::shared_ptr<cudnn_state> st, tens
         key.align_x = static_cast<std::uint8_t>(pointer_alignment(px));
         key.align_w = static_cast<std::uint8_t>(pointer_alignment(pf));
         key.align_y = static_cast<std::uint8_t>(pointer_alignment(py));
-        std::lock_guard lk(lane->mu);
+        lane_hold hold(*lane, l);
+        BOOST_OUTCOME_TRY(hold.status());
         BOOST_OUTCOME_TRY(auto h, lane->get_handle());
         BOOST_OUTCOME_TRY(auto plan, lane->plan_for<T>(h, key, lay));
         BOOST_OUTCOME_TRY(auto ws, lane->workspace_for(plan->workspace));
@@ -649,7 +665,7 @@ asio::awaitable<result<gpu_ref<T>>> conv2d(std::shared_ptr<cudnn_state> st, tens
         }
         std::shared_ptr<const recorded_exec> rec;
         if (plan->graph) {
-          BOOST_OUTCOME_TRY(lane->run_graph(*plan, px, pf, py, pws, rec));
+          BOOST_OUTCOME_TRY(lane->run_graph(l, *plan, px, pf, py, pws, rec));
         } else {
           BOOST_OUTCOME_TRY(
               ok(cudnnConvolutionForward(h, &one, plan->x.h, px, plan->filter.h, pf, plan->conv.h,
@@ -721,7 +737,8 @@ asio::awaitable<result<gpu_ref<T>>> activation(std::shared_ptr<cudnn_state> st, 
         BOOST_OUTCOME_TRY(
             ok(cudnnSetActivationDescriptor(d->act.h, mode, CUDNN_PROPAGATE_NAN, p.coef),
                "cudnnSetActivationDescriptor"));
-        std::lock_guard lk(lane->mu);
+        lane_hold hold(*lane, l);
+        BOOST_OUTCOME_TRY(hold.status());
         BOOST_OUTCOME_TRY(auto h, lane->get_handle());
         BOOST_OUTCOME_TRY(
             ok(cudnnActivationForward(h, d->act.h, &one, d->x.h, px, &zero, d->x.h, py),
@@ -747,7 +764,8 @@ asio::awaitable<result<gpu_ref<T>>> softmax(std::shared_ptr<cudnn_state> st, ten
         auto d = std::make_shared<op_descs>();
         BOOST_OUTCOME_TRY(set_tensor(d->x, s, data_type<T>()));
         const auto algo = a == softmax_algorithm::log ? CUDNN_SOFTMAX_LOG : CUDNN_SOFTMAX_ACCURATE;
-        std::lock_guard lk(lane->mu);
+        lane_hold hold(*lane, l);
+        BOOST_OUTCOME_TRY(hold.status());
         BOOST_OUTCOME_TRY(auto h, lane->get_handle());
         BOOST_OUTCOME_TRY(ok(cudnnSoftmaxForward(h, algo, CUDNN_SOFTMAX_MODE_CHANNEL, &one, d->x.h,
                                                  px, &zero, d->x.h, py),
@@ -783,7 +801,8 @@ asio::awaitable<result<gpu_ref<T>>> pooling(std::shared_ptr<cudnn_state> st, ten
                                         static_cast<int>(p.pad_h), static_cast<int>(p.pad_w),
                                         static_cast<int>(p.stride_h), static_cast<int>(p.stride_w)),
             "cudnnSetPooling2dDescriptor"));
-        std::lock_guard lk(lane->mu);
+        lane_hold hold(*lane, l);
+        BOOST_OUTCOME_TRY(hold.status());
         BOOST_OUTCOME_TRY(auto h, lane->get_handle());
         BOOST_OUTCOME_TRY(ok(cudnnPoolingForward(h, d->pool.h, &one, d->x.h, px, &zero, d->y.h, py),
                              "cudnnPoolingForward"));
@@ -825,7 +844,8 @@ asio::awaitable<result<gpu_ref<T>>> batchnorm(std::shared_ptr<cudnn_state> st, t
         // Per-channel parameters: 1 x C x 1 x 1 floats (also for half data).
         BOOST_OUTCOME_TRY(set_tensor(d->param, tensor_shape{1, s.c, 1, 1, tensor_layout::nchw},
                                      CUDNN_DATA_FLOAT));
-        std::lock_guard lk(lane->mu);
+        lane_hold hold(*lane, l);
+        BOOST_OUTCOME_TRY(hold.status());
         BOOST_OUTCOME_TRY(auto h, lane->get_handle());
         BOOST_OUTCOME_TRY(ok(cudnnBatchNormalizationForwardInference(
                                  h, CUDNN_BATCHNORM_SPATIAL, &one, &zero, d->x.h, px, d->x.h, py,

@@ -256,6 +256,13 @@ std::shared_ptr<const recorded_exec> graph_conv::record(cudnnHandle_t h, cudaStr
   return rec;
 }
 
+result<graph_run> graph_conv::execute_direct(cudnnHandle_t h, const void* x, const void* w,
+                                             void* y, void* ws) {
+  BOOST_OUTCOME_TRY(bind({x, w, y, ws}));
+  BOOST_OUTCOME_TRY(ok(cudnnBackendExecute(h, plan_.get(), pack_.get()), "cudnnBackendExecute"));
+  return graph_run::executed;
+}
+
 result<graph_run> graph_conv::execute(cudnnHandle_t h, cudaStream_t stream, cudaStream_t capture,
                                       const void* x, const void* w, void* y, void* ws,
                                       std::shared_ptr<const recorded_exec>& keep) {

@@ -89,6 +89,10 @@ public:
   /// of cudnnBackendExecute's host work. If recording fails once, this plan
   /// executes directly from then on. `keep` receives the graph the GPU work
   /// uses (null when none), to stay alive until that work is done.
+  /// cudnnBackendExecute with these pointers on the stream `h` is on now,
+  /// never through a graph (a recording of a whole unit captures it).
+  result<graph_run> execute_direct(cudnnHandle_t h, const void* x, const void* w, void* y,
+                                   void* ws);
   result<graph_run> execute(cudnnHandle_t h, cudaStream_t stream, cudaStream_t capture,
                             const void* x, const void* w, void* y, void* ws,
                             std::shared_ptr<const recorded_exec>& keep);

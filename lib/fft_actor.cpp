@@ -181,6 +181,7 @@ struct fft_lane : lane_base {
   result<std::shared_ptr<fft_plan>> plan_for(const fft_plan_key& key);
 };
 
+
 struct fft_state {
   fft_state(device d, completion c, std::size_t cache_size, lane_policy lp)
       : dev(std::move(d)),
@@ -364,6 +365,49 @@ result<void> scale(cublasHandle_t h, std::complex<double>* x, long long n, doubl
 }
 #endif
 
+/// Inside a recording (graph.hpp, launch::recording()): points a plan, and
+/// the lane's normalising cuBLAS handle once asked to, at the recording's
+/// stream, and back at the lane's when destroyed (before the lane's lock is
+/// released), so that the transform is captured and nothing else is.
+class recording_bind {
+public:
+  recording_bind(fft_lane& lane, fft_plan& plan, launch& l) : lane_(lane), plan_(plan) {
+    if (!l.recording()) return;
+    status_ = cufft_ok(cufftSetStream(plan.handle, l.native_stream()), "cufftSetStream");
+    plan_bound_ = status_.has_value();
+  }
+  recording_bind(const recording_bind&) = delete;
+  recording_bind& operator=(const recording_bind&) = delete;
+  ~recording_bind() {
+    if (plan_bound_) cufftSetStream(plan_.handle, lane_.strm.native_handle());
+#if ATOMR_FFT_USE_CUBLAS
+    // cublasSetStream also gives the handle back cuBLAS's default workspace.
+    if (blas_bound_) cublasSetStream(lane_.blas, lane_.strm.native_handle());
+#endif
+  }
+  const result<void>& status() const noexcept { return status_; }
+#if ATOMR_FFT_USE_CUBLAS
+  /// The normalising cuBLAS handle on the recording's stream, with a
+  /// workspace of the recording's (cuBLAS's default one would put an
+  /// allocation into the graph).
+  result<void> bind_blas(launch& l) {
+    if (!l.recording() || blas_bound_) return outcome::success();
+    constexpr std::size_t bytes = std::size_t{4} << 20;
+    BOOST_OUTCOME_TRY(void* ws, l.recording_workspace(bytes));
+    BOOST_OUTCOME_TRY(cublas_ok(cublasSetStream(lane_.blas, l.native_stream()), "cublasSetStream"));
+    blas_bound_ = true;
+    return cublas_ok(cublasSetWorkspace(lane_.blas, ws, bytes), "cublasSetWorkspace");
+  }
+#endif
+
+private:
+  fft_lane& lane_;
+  fft_plan& plan_;
+  result<void> status_ = outcome::success();
+  bool plan_bound_ = false;
+  bool blas_bound_ = false;
+};
+
 /// The one coroutine behind every operation: takes the state and every
 /// argument by value, so it does not depend on the handle it was called on.
 template <element In, element Out>
@@ -397,6 +441,8 @@ asio::awaitable<result<gpu_ref<Out>>> execute(std::shared_ptr<fft_state> st, fft
         BOOST_OUTCOME_TRY(Out * pout, l.write(out));
         std::lock_guard lk(lane->mu);
         BOOST_OUTCOME_TRY(auto plan, lane->plan_for(key));
+        recording_bind bound(*lane, *plan, l);
+        BOOST_OUTCOME_TRY(bound.status());
         // Ordered as a write so that the pool frees the workspace only after
         // the last exec that used it; same stream, so no wait is added.
         if (!plan->workspace.empty()) {
@@ -416,6 +462,7 @@ asio::awaitable<result<gpu_ref<Out>>> execute(std::shared_ptr<fft_state> st, fft
             }
             lane->blas = h;
           }
+          BOOST_OUTCOME_TRY(bound.bind_blas(l));
           BOOST_OUTCOME_TRY(
               scale(lane->blas, pout, lay.out_elems, 1.0 / static_cast<double>(lay.points)));
         }

@@ -5,6 +5,8 @@
 #include <algorithm>
 #include <string>
 
+#include <cuda_runtime_api.h>
+
 namespace atomr::cuda {
 
 launch::~launch() {
@@ -37,6 +39,15 @@ result<void*> launch::access(const std::shared_ptr<detail::buffer_state>& st, bo
   // enqueue asks again): no second round of stream waits.
   auto* seen = touched_.find(st.get());
   if (seen && (seen->write || !write)) return st->ptr;
+  if (capture_) {
+    // Recorded, not run: nothing waits now; every replay is ordered against
+    // the buffers the recording touched (end_recorded).
+    if (seen)
+      seen->write = true;
+    else
+      touched_.add(st, write);
+    return st->ptr;
+  }
   std::lock_guard lk(st->mu);
   auto wait_for = [&](detail::access_stamp& a) -> result<void> {
     if (!a.done || a.stream_id == stream_.id()) return outcome::success();  // stream order suffices
@@ -117,6 +128,75 @@ void launch::succeed() {
 }
 
 namespace detail {
+capture_scratch::~capture_scratch() {
+  if (ptr && dev->health.load() == health_state::healthy) {
+    dev->make_current();
+    cudaFree(ptr);  // teardown: errors deliberately ignored
+  }
+}
+
+unit_capture::~unit_capture() {
+  if (!open || !on) return;
+  // An abandoned recording: end the capture so that the stream can be
+  // destroyed; what was captured is thrown away.
+  cudaGraph_t g = nullptr;
+  if (cudaStreamEndCapture(on.native_handle(), &g) == cudaSuccess && g) cudaGraphDestroy(g);
+  cudaGetLastError();
+}
+
+void unit_capture::touch(const std::shared_ptr<buffer_state>& st, bool write) {
+  for (auto& b : buffers)
+    if (b.st == st) {
+      b.write = b.write || write;
+      return;
+    }
+  buffers.push_back({st, write});
+}
+
+result<void*> unit_capture::workspace(std::size_t bytes) {
+  if (!scratch.empty() && scratch.back()->bytes >= bytes) return scratch.back()->ptr;
+  auto& d = *on.state()->owner;
+  if (auto e = d.make_current(); e != cudaSuccess) return classify(e, "cudaSetDevice");
+  // Not stream-ordered, and not captured (the recording's capture mode is
+  // relaxed): the memory is usable by every replay once this returns.
+  void* p = nullptr;
+  if (auto e = cudaMalloc(&p, bytes); e != cudaSuccess) {
+    cudaGetLastError();
+    return classify(e, "cudaMalloc (a recording's workspace)");
+  }
+  scratch.push_back(std::make_shared<capture_scratch>(d.shared_from_this(), p, bytes));
+  return p;
+}
+
+result<void> check_recordable(const unit_capture& c, std::string_view library, const stream& s) {
+  if (library == "curand")
+    return make_error(errc::not_supported,
+                      "curand: cuRAND generators cannot be recorded into a CUDA graph (each call "
+                      "advances the generator's state on the host); run them outside the "
+                      "recording");
+  if (s && s.state()->owner != c.on.state()->owner)
+    return make_error(errc::invalid_argument,
+                      std::string(library) + ": a step on another device than the recording's");
+  return outcome::success();
+}
+
+std::optional<gpu_error> capture_refusal(const unit_capture& c, std::string_view library,
+                                         const gpu_error* failed) {
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  const auto e = cudaStreamIsCapturing(c.on.native_handle(), &status);
+  if (e == cudaSuccess && status == cudaStreamCaptureStatusActive) return std::nullopt;
+  cudaGetLastError();  // capture errors are not sticky
+  std::string m(library);
+  m += ": this operation cannot be recorded into a CUDA graph (it made a call that stream "
+       "capture does not allow";
+  if (failed) {
+    m += ": ";
+    m += failed->message();
+  }
+  m += ')';
+  return make_error(errc::not_supported, std::move(m));
+}
+
 void settle_unit_op(const stream& s, const gpu_error* e) {
   if (!s) return;
   auto& d = *s.state()->owner;
@@ -127,6 +207,19 @@ void settle_unit_op(const stream& s, const gpu_error* e) {
     d.completed.add(1);
 }
 }  // namespace detail
+
+result<void*> launch::recording_workspace(std::size_t bytes) {
+  if (!capture_)
+    return make_error(errc::invalid_argument, "launch: a recording workspace outside a recording");
+  return capture_->workspace(bytes);
+}
+
+void launch::end_recorded() {
+  if (capture_) touched_.for_each([&](detail::touch_list::entry& t) { capture_->touch(t.st, t.write); });
+  touched_.clear();
+  if (counted_) stream_.state()->owner->in_flight.add(-1);
+  counted_ = false;
+}
 
 void launch::park(std::shared_ptr<detail::pooled_event> done, std::shared_ptr<void> keep_alive) {
   stream_.state()->owner->park(std::move(done), std::move(keep_alive));

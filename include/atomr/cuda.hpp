@@ -4,6 +4,7 @@
 #include <atomr/cuda/async.hpp>
 #include <atomr/cuda/completion.hpp>
 #include <atomr/cuda/compose.hpp>
+#include <atomr/cuda/graph.hpp>
 #if ATOMR_CUDA_HAS_CUBLAS
 #include <atomr/cuda/blas_actor.hpp>
 #endif

@@ -15,6 +15,7 @@
 #include <cstddef>
 #include <exception>
 #include <optional>
+#include <string_view>
 #include <tuple>
 #include <type_traits>
 #include <utility>
@@ -36,10 +37,13 @@ struct step_value<void> {
 template <class T>
 using step_value_t = typename step_value<T>::type;
 
-/// "compose: step k of n: <message>", with e's code, library and status.
-gpu_error unit_step_error(const gpu_error& e, std::size_t k, std::size_t n);
+/// "<unit>: step k of n: <message>" (unit: "compose" or "record"), with e's
+/// code, library and status.
+gpu_error unit_step_error(const gpu_error& e, std::size_t k, std::size_t n,
+                          std::string_view unit = "compose");
 /// The error of a step that threw (cancellation before its enqueue, bad_alloc).
-gpu_error unit_step_exception(std::exception_ptr e, std::size_t k, std::size_t n);
+gpu_error unit_step_exception(std::exception_ptr e, std::size_t k, std::size_t n,
+                              std::string_view unit = "compose");
 /// Ends a unit: with `failed`, parks every stage's keep-alive until its event
 /// completes and yields the error; else waits for the stages (the last one,
 /// then any other stream's last one not done yet) with `how`, parking them
@@ -64,8 +68,33 @@ asio::awaitable<void> run_unit_step(unit_executor ex, asio::awaitable<result<T>>
     co_await asio::co_spawn(ex, store_unit_step(std::move(step), out), asio::use_awaitable);
     if (!out) out.emplace(make_error(errc::library, "compose: a step ended without a value"));
   } catch (...) {
-    out.emplace(unit_step_exception(std::current_exception(), k, n));
+    out.emplace(unit_step_exception(std::current_exception(), k, n, ex.recorder()->name));
   }
+}
+
+/// Runs `steps` left to right on `ex` (each enqueues only after the one
+/// before it has), each value or error into `got`; the first error stops the
+/// unit there (later steps are never started) and is returned, naming its step.
+template <class... T>
+asio::awaitable<std::optional<gpu_error>> run_unit_steps(
+    const unit_executor& ex, std::tuple<std::optional<result<T>>...>& got,
+    asio::awaitable<result<T>>&... steps) {
+  constexpr std::size_t n = sizeof...(T);
+  std::optional<gpu_error> failed;
+  std::size_t k = 0;
+  auto one = [&]<class V>(asio::awaitable<result<V>>& step,
+                          std::optional<result<V>>& out) -> asio::awaitable<void> {
+    ++k;
+    if (failed) co_return;  // a step before failed: this one never starts
+    co_await run_unit_step(ex, std::move(step), out, k, n);
+    if (!*out) failed = unit_step_error(out->error(), k, n, ex.recorder()->name);
+  };
+  auto all = std::forward_as_tuple(steps...);
+  auto each = [&]<std::size_t... I>(std::index_sequence<I...>)->asio::awaitable<void> {
+    ((co_await one(std::get<I>(all), std::get<I>(got))), ...);
+  };
+  co_await each(std::index_sequence_for<T...>{});
+  co_return failed;
 }
 
 template <class T>
@@ -106,7 +135,6 @@ asio::awaitable<result<std::tuple<detail::step_value_t<T>...>>> compose(
     device dev, completion how, asio::awaitable<result<T>>... steps) {
   if (auto ok = dev.status(); !ok) co_return ok.error();
   if (auto ok = check_completion(how); !ok) co_return ok.error();
-  constexpr std::size_t n = sizeof...(T);
   auto outer = co_await asio::this_coro::executor;
   if (detail::unit_of(outer))
     co_return make_error(errc::not_supported,
@@ -115,21 +143,7 @@ asio::awaitable<result<std::tuple<detail::step_value_t<T>...>>> compose(
   detail::unit_recorder rec;
   const detail::unit_executor ex(std::move(outer), &rec);
   std::tuple<std::optional<result<T>>...> got;
-  std::optional<gpu_error> failed;
-  std::size_t k = 0;
-  auto one = [&]<class V>(asio::awaitable<result<V>>& step,
-                          std::optional<result<V>>& out) -> asio::awaitable<void> {
-    ++k;
-    if (failed) co_return;  // a step before failed: this one never starts
-    co_await detail::run_unit_step(ex, std::move(step), out, k, n);
-    if (!*out) failed = detail::unit_step_error(out->error(), k, n);
-  };
-  // Left to right: each step enqueues only after the one before it has.
-  auto all = std::forward_as_tuple(steps...);
-  auto each = [&]<std::size_t... I>(std::index_sequence<I...>)->asio::awaitable<void> {
-    ((co_await one(std::get<I>(all), std::get<I>(got))), ...);
-  };
-  co_await each(std::index_sequence_for<T...>{});
+  auto failed = co_await detail::run_unit_steps(ex, got, steps...);
   BOOST_OUTCOME_CO_TRY(co_await detail::finish_unit(rec, how, std::move(failed)));
   co_return std::apply(
       [](auto&... r) { return std::tuple<detail::step_value_t<T>...>(detail::unit_value(r)...); },

@@ -66,19 +66,42 @@ inline result<void> memcpy_status(cudaError_t st) {
 }
 }  // namespace detail
 
-/// Copies pinned host memory to the device (cudaMemcpyAsync, DMA). Yields `dst`.
+namespace detail {
+/// not_supported for a transfer of pageable memory inside a recording
+/// (graph.hpp): its host copy, made at the call or after the wait, would not
+/// be part of the graph.
+inline gpu_error pageable_not_recordable(std::string_view what) {
+  return make_error(errc::not_supported,
+                    std::string(what) +
+                        " of pageable host memory cannot be recorded into a CUDA graph (its "
+                        "host copy is not a graph node): use a pinned_buffer");
+}
+
+/// The pinned upload; `staged`: its source is the staging copy of a pageable
+/// upload, which a recording refuses.
 template <element T>
-asio::awaitable<result<gpu_ref<T>>> upload(pinned_buffer<T> src, gpu_ref<T> dst,
-                                           transfer_options o = {}) {
-  BOOST_OUTCOME_CO_TRY(detail::same_size("upload", src.size(), dst.size()));
-  BOOST_OUTCOME_CO_TRY(auto where, detail::resolve_transfer(dst, o));
+asio::awaitable<result<gpu_ref<T>>> upload_pinned(pinned_buffer<T> src, gpu_ref<T> dst,
+                                                  transfer_options o, bool staged) {
+  BOOST_OUTCOME_CO_TRY(same_size("upload", src.size(), dst.size()));
+  BOOST_OUTCOME_CO_TRY(auto where, resolve_transfer(dst, o));
   co_return co_await run_kernel(
       "cuda", where.first, where.second, dst, [&](launch& l) -> result<pinned_buffer<T>> {
+        if (staged && l.recording()) return pageable_not_recordable("upload");
         BOOST_OUTCOME_TRY(T * p, l.write(dst));
         BOOST_OUTCOME_TRY(detail::memcpy_status(cudaMemcpyAsync(
             p, src.data(), dst.size_bytes(), cudaMemcpyHostToDevice, l.native_stream())));
         return src;
       });
+}
+}  // namespace detail
+
+/// Copies pinned host memory to the device (cudaMemcpyAsync, DMA). Yields
+/// `dst`. Recorded into a CUDA graph (graph.hpp), it is a copy node that
+/// reads `src` at every replay.
+template <element T>
+asio::awaitable<result<gpu_ref<T>>> upload(pinned_buffer<T> src, gpu_ref<T> dst,
+                                           transfer_options o = {}) {
+  return detail::upload_pinned(std::move(src), std::move(dst), std::move(o), false);
 }
 
 namespace detail {
@@ -114,7 +137,7 @@ asio::awaitable<result<gpu_ref<T>>> upload(std::span<const T> src, gpu_ref<T> ds
                                            transfer_options o = {}) {
   auto staged = detail::stage_upload(src, dst, o);
   if (!staged) return detail::ready_error<gpu_ref<T>>(staged.error());
-  return upload(std::move(staged).value(), std::move(dst), std::move(o));
+  return detail::upload_pinned(std::move(staged).value(), std::move(dst), std::move(o), true);
 }
 
 /// The same for any contiguous range of T (std::vector<T>, std::array, a
@@ -150,6 +173,8 @@ template <element T>
 asio::awaitable<result<void>> download(gpu_ref<T> src, std::span<T> dst, transfer_options o = {}) {
   BOOST_OUTCOME_CO_TRY(detail::same_size("download", src.size(), dst.size()));
   if (!src.state()) co_return make_error(errc::invalid_argument, "download: empty gpu_ref");
+  if (auto* unit = detail::unit_of(co_await asio::this_coro::executor); unit && unit->capture)
+    co_return detail::pageable_not_recordable("download");
   BOOST_OUTCOME_CO_TRY(auto staging, device(src.state()->dev).allocate_pinned<T>(src.size()));
   BOOST_OUTCOME_CO_TRY(auto got,
                        co_await download(std::move(src), std::move(staging), std::move(o)));

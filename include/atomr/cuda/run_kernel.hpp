@@ -3,6 +3,7 @@
 
 #include <atomr/cuda/async.hpp>
 #include <atomr/cuda/completion.hpp>
+#include <atomr/cuda/detail/unit_capture.hpp>
 #include <atomr/cuda/detail/unit_recorder.hpp>
 #include <atomr/cuda/device.hpp>
 #include <atomr/cuda/error.hpp>
@@ -75,6 +76,10 @@ private:
 class launch {
 public:
   launch(stream s, std::string_view library) : stream_(std::move(s)), library_(library) {}
+  /// A launch inside a recording (graph.hpp): `s` is the recording's stream,
+  /// which is being captured, so what the enqueue puts on it is recorded, not run.
+  launch(stream s, std::string_view library, detail::unit_capture& capture)
+      : stream_(std::move(s)), library_(library), capture_(&capture) {}
   launch(const launch&) = delete;
   launch& operator=(const launch&) = delete;
   ~launch();
@@ -82,6 +87,15 @@ public:
   cudaStream_t native_stream() const noexcept { return stream_.native_handle(); }
   const stream& get_stream() const noexcept { return stream_; }
   std::string_view library() const noexcept { return library_; }
+  /// True when this launch is recorded into a CUDA graph rather than run
+  /// (record(), graph.hpp): native_stream() is then the recording's stream,
+  /// and a library handle bound to another stream must be pointed at it for
+  /// the call (the actors' lane_hold does).
+  bool recording() const noexcept { return capture_ != nullptr; }
+  /// Inside a recording: a workspace of at least `bytes` that belongs to the
+  /// recorded graph (a lane's own workspace cannot be baked into a graph that
+  /// is replayed on another stream). invalid_argument outside a recording.
+  result<void*> recording_workspace(std::size_t bytes);
 
   /// Device pointer for reading `r` on this stream after its last write.
   template <element T>
@@ -94,6 +108,13 @@ public:
   result<T*> write(const gpu_ref<T>& r) {
     BOOST_OUTCOME_TRY(void* p, access(r.state(), true));
     return static_cast<T*>(p) + r.offset();
+  }
+
+  /// Orders one buffer by its shared state, as read() or write() do (a
+  /// recorded unit's replay orders every buffer its graph touches).
+  result<void> order(const std::shared_ptr<detail::buffer_state>& st, bool write) {
+    BOOST_OUTCOME_TRY(access(st, write));
+    return outcome::success();
   }
 
   // --- used by run_kernel ---
@@ -115,6 +136,9 @@ public:
   /// Inside a composed unit: the operation stays counted in flight after this
   /// launch ends; the unit settles it (detail::settle_unit_op) when it ends.
   void hand_over() noexcept { counted_ = false; }
+  /// Inside a recording: hands the accessed buffers to the recording and
+  /// ends the count without counting an operation (nothing ran).
+  void end_recorded();
 
 private:
   result<void*> access(const std::shared_ptr<detail::buffer_state>& st, bool write);
@@ -123,6 +147,7 @@ private:
   std::string_view library_;
   bool counted_ = false;
   detail::touch_list touched_;
+  detail::unit_capture* capture_ = nullptr;
 };
 
 namespace detail {
@@ -196,10 +221,43 @@ auto call_enqueue(F& f, launch& l) {
 /// other streams wait on it through the buffers' stamps), and the keep-alive
 /// with the output handed to the unit, which waits once for all its steps.
 /// Never the batch path: the enqueue runs now, in step order.
+/// Inside a recording: not_supported for what cannot be recorded (cuRAND), and
+/// invalid_argument for a step on a stream of another device than the recording's.
+result<void> check_recordable(const unit_capture& c, std::string_view library, const stream& s);
+/// Inside a recording, after a step's enqueue (`failed`: its error, or null):
+/// not_supported naming `library` when the capture was invalidated (a call
+/// that cannot be captured), else nothing.
+std::optional<gpu_error> capture_refusal(const unit_capture& c, std::string_view library,
+                                         const gpu_error* failed);
+
+/// run_kernel inside a recording (graph.hpp, docs/design.md "Recorded units"):
+/// the same checks and enqueue on the recording's stream, which is captured,
+/// so nothing runs; the buffers touched and the keep-alive with the output
+/// go to the recording, which keeps them as long as its graph.
+template <class O, class Enqueue>
+result<O> record_in_unit(unit_capture& c, std::string_view library, const stream& s,
+                         completion how, O output, Enqueue& enqueue) {
+  BOOST_OUTCOME_TRY(check_recordable(c, library, s));
+  launch l(c.on, library, c);
+  if (auto ok = l.begin(); !ok) return l.fail(ok.error());
+  if (auto ok = check_completion(how); !ok) return l.fail(ok.error());
+  if (auto ok = declare_output(l, output); !ok) return l.fail(ok.error());
+  if (auto ok = l.make_current(); !ok) return l.fail(ok.error());
+  auto keep = call_enqueue(enqueue, l);
+  if (auto refused = capture_refusal(c, library, keep ? nullptr : &keep.error()))
+    return l.fail(std::move(*refused));
+  if (!keep) return l.fail(keep.error());
+  using both = std::pair<typename enqueue_keep<Enqueue>::type, O>;
+  c.keeps.push_back(std::make_shared<both>(std::move(keep).value(), output));
+  l.end_recorded();
+  return output;
+}
+
 template <class O, class Enqueue>
 result<O> enqueue_in_unit(unit_recorder& u, std::string_view library, stream s, completion how,
                           O output, Enqueue& enqueue) {
   static_assert(std::is_copy_constructible_v<O>, "a unit keeps a copy of each step's output");
+  if (u.capture) return record_in_unit(*u.capture, library, s, how, std::move(output), enqueue);
   launch l(std::move(s), library);
   if (auto ok = l.begin(); !ok) return l.fail(ok.error());
   if (auto ok = check_completion(how); !ok) return l.fail(ok.error());

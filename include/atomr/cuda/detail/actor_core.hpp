@@ -6,6 +6,7 @@
 #include <atomr/cuda/device.hpp>
 #include <atomr/cuda/error.hpp>
 #include <atomr/cuda/gpu_ref.hpp>
+#include <atomr/cuda/run_kernel.hpp>
 #include <atomr/cuda/stream.hpp>
 
 #include <algorithm>
@@ -106,6 +107,36 @@ struct lane_base {
 
   const stream strm;
   std::mutex mu;
+};
+
+/// Holds a lane's lock for one enqueue (lane_base::mu). Inside a recording
+/// (launch::recording(), graph.hpp) it also points the lane's library handle
+/// at the recording's stream (`lane.bind(l)`) and back at the lane's own
+/// (`lane.unbind()`) before the lock is released, so that the step's calls
+/// are captured and no other coroutine's are (docs/design.md, "Recorded
+/// units"). Check status() before using the handle.
+template <class Lane>
+class lane_hold {
+public:
+  lane_hold(Lane& lane, launch& l) : lane_(lane), lock_(lane.mu) {
+    if (l.recording()) {
+      status_ = lane.bind(l);
+      bound_ = status_.has_value();
+    }
+  }
+  lane_hold(const lane_hold&) = delete;
+  lane_hold& operator=(const lane_hold&) = delete;
+  ~lane_hold() {
+    if (bound_) lane_.unbind();
+  }
+  /// The error of pointing the handle at the recording's stream, if any.
+  const result<void>& status() const noexcept { return status_; }
+
+private:
+  Lane& lane_;
+  std::lock_guard<std::mutex> lock_;
+  result<void> status_ = outcome::success();
+  bool bound_ = false;
 };
 
 /// Up to `limit` lanes of one actor, made on demand (docs/design.md, "One

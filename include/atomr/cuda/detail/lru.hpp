@@ -51,6 +51,14 @@ public:
 
   /// True if `k` is cached; no counting, no reordering.
   bool contains(const Key& k) const { return index_.count(k) != 0; }
+  /// Drops `k`'s entry, if any (not counted as an eviction).
+  bool erase(const Key& k) {
+    auto it = index_.find(k);
+    if (it == index_.end()) return false;
+    items_.erase(it->second);
+    index_.erase(it);
+    return true;
+  }
   /// Drops every entry (counts stay).
   void clear() {
     index_.clear();

@@ -18,6 +18,7 @@
 namespace atomr::cuda::detail {
 
 class pooled_event;
+struct unit_capture;
 
 /// The steps of one unit enqueued so far (docs/design.md, "Composed units").
 /// Used by one coroutine at a time: the unit's, while it runs its steps.
@@ -34,6 +35,11 @@ struct unit_recorder {
   /// Host work to run once every stage finished, in order (a pageable
   /// download's copy out of its staging buffer); dropped if the unit fails.
   std::vector<std::function<void()>> finalizers;
+  /// Non-null while the unit is recorded into a CUDA graph (graph.hpp): the
+  /// steps enqueue on the recording's stream and nothing runs.
+  unit_capture* capture = nullptr;
+  /// What the unit's errors call it: "compose" or "record".
+  const char* name = "compose";
 };
 
 /// An executor that runs as `inner` does and carries the unit whose step the
