@@ -38,7 +38,7 @@ struct options {
   int n = 256;
   int threads = 4;
   std::vector<int> in_flight{4, 16, 512};
-  std::vector<std::string> variants{"per_op", "composed", "fused"};
+  std::vector<std::string> variants{"per_op", "composed", "fused", "graph", "fused_graph"};
   double seconds = 2.0;
   double warmup = 0.3;
   int device = 0;
@@ -149,10 +149,43 @@ struct lib_ctx {
 struct lib_slot {
   request_data d;
   gpu_ref<float> x, y, z;
+  // The graph variants: the request's input and output in pinned memory (the
+  // graph's copy nodes read and write them), and its unit, recorded once.
+  pinned_buffer<float> in, out;
+  recorded_unit graph, fused_graph;
 };
+
+/// Records the slot's request (upload from its pinned input, gemm, relu,
+/// download into its pinned output) once; `fused`: gemm_fused's relu.
+asio::awaitable<result<recorded_unit>> record_request(lib_ctx& c, lib_slot& s, bool fused) {
+  if (fused)
+    co_return co_await record(c.dev, upload(s.in, s.x),
+                              c.blas.gemm_fused(c.p, gemm_epilogue::relu, s.x, c.w, {}, s.z),
+                              download(s.z, s.out));
+  co_return co_await record(c.dev, upload(s.in, s.x), c.blas.gemm(c.p, s.x, c.w, s.y),
+                            c.dnn.activation_forward(c.shape, {}, s.y, s.z), download(s.z, s.out));
+}
 
 asio::awaitable<bool> one_request(lib_ctx& c, lib_slot& s, const std::string& variant) {
   s.d.hz[s.d.k] = std::nanf("");
+  if (variant == "graph" || variant == "fused_graph") {
+    // The same work as per_op: the input copied into pinned memory, the four
+    // operations (replayed as one graph), the output copied out of it.
+    const bool fused = variant == "fused_graph";
+    auto& unit = fused ? s.fused_graph : s.graph;
+    if (!unit) {  // the slot's first request (in the warm-up)
+      auto made = co_await record_request(c, s, fused);
+      if (!made) {
+        std::fprintf(stderr, "%s: record: %s\n", prog, made.error().message().c_str());
+        co_return false;
+      }
+      unit = std::move(made).value();
+    }
+    std::memcpy(static_cast<void*>(s.in.data()), s.d.hx.data(), s.in.size_bytes());
+    if (!co_await replay(unit)) co_return false;
+    std::memcpy(s.d.hz.data(), s.out.data(), s.out.size_bytes());
+    co_return s.d.check();
+  }
   if (variant == "fused") {  // one unit; the relu runs in the gemm's kernel (cuBLASLt)
     auto r = co_await compose(c.dev, upload(s.d.hx, s.x),
                               c.blas.gemm_fused(c.p, gemm_epilogue::relu, s.x, c.w, {}, s.z),
@@ -322,7 +355,9 @@ int usage(const char* why) {
                "One request: pageable upload of N x N f32 (default 256), gemm with device\n"
                "weights, cuDNN relu, pageable download, one element checked. Variants:\n"
                "per_op (four awaits), composed (one compose() unit), fused (one unit with\n"
-               "gemm_fused's relu epilogue); each against raw CUDA (four calls)\n"
+               "gemm_fused's relu epilogue), graph (the four recorded once with record(),\n"
+               "then replay() with the input and output in pinned memory), fused_graph\n"
+               "(the fused unit recorded); each against raw CUDA (four calls)\n"
                "with the same requests in flight (default 4,16,512) on T threads (default\n"
                "4). Reports req/s, p50 and p99 latency, process CPU time per request.\n",
                prog);
@@ -368,8 +403,8 @@ int main(int argc, char** argv) {
   for (int f : o.in_flight)
     if (f < 1 || f > 4096) return usage("--in-flight wants counts in 1..4096");
   for (auto& v : o.variants)
-    if (v != "per_op" && v != "composed" && v != "fused")
-      return usage("--variants: per_op, composed, fused");
+    if (v != "per_op" && v != "composed" && v != "fused" && v != "graph" && v != "fused_graph")
+      return usage("--variants: per_op, composed, fused, graph, fused_graph");
   bench::require_gpu(prog);
 
   asio::io_context ioc;
@@ -419,11 +454,15 @@ int main(int argc, char** argv) {
       if (!m) return usage("cannot allocate the request buffers");
       *r = m.value();
     }
+    auto in = c.dev.allocate_pinned<float>(nn), out = c.dev.allocate_pinned<float>(nn);
+    if (!in || !out) return usage("cannot allocate the pinned request buffers");
+    slots[i].in = in.value();
+    slots[i].out = out.value();
   }
 
   std::printf("%s: %s, n = %d, %d threads, %.1f s windows\n", prog, bench::device_name().c_str(), n,
               o.threads, o.seconds);
-  std::printf("%-9s %6s %10s %9s %9s %9s %10s %9s %9s %7s %6s\n", "variant", "in_fl", "req/s",
+  std::printf("%-11s %6s %10s %9s %9s %9s %10s %9s %9s %7s %6s\n", "variant", "in_fl", "req/s",
               "p50 us", "p99 us", "CPU us", "raw req/s", "raw p50", "raw CPU", "ratio", "wrong");
   std::vector<bench::json> rows;
   long wrong_total = 0;
@@ -433,7 +472,7 @@ int main(int argc, char** argv) {
     for (auto& v : o.variants) {
       const auto r = run_library(c, slots, v, f, o);
       wrong_total += r.wrong;
-      std::printf("%-9s %6d %10.0f %9.1f %9.1f %9.1f %10.0f %9.1f %9.1f %7.3f %6ld\n", v.c_str(), f,
+      std::printf("%-11s %6d %10.0f %9.1f %9.1f %9.1f %10.0f %9.1f %9.1f %7.3f %6ld\n", v.c_str(), f,
                   r.req_per_s, r.p50_us, r.p99_us, r.cpu_us_per_req, raw.req_per_s, raw.p50_us,
                   raw.cpu_us_per_req, raw.req_per_s > 0 ? r.req_per_s / raw.req_per_s : 0.0,
                   r.wrong + raw.wrong);

@@ -62,6 +62,7 @@ PIPELINE_REQ_RATIO = 1.0
 PIPELINE_P50_RATIO = 1.15
 PIPELINE_CPU_RATIO = 1.3
 PIPELINE_TORCH_FACTOR = 5.0
+PIPELINE_GRAPH_RATIO = {"graph": 1.5, "fused_graph": 1.7}  # req/s over raw, issue 19
 
 SOURCES = (
     ("latency", "latency.json"),
@@ -451,6 +452,17 @@ def targets(s):
         t["pipeline_composed_vs_raw"] = target(
             "composed unit at 4 and 16 in flight: req/s >= 1.0x raw, p50 <= 1.15x raw, CPU per "
             "request <= 1.3x raw (same run)", "ratio", checks)
+        checks = []
+        for r in s["pipeline"]:
+            want = PIPELINE_GRAPH_RATIO.get(r["variant"])
+            if want is None:
+                continue
+            q = ratio(r["req_per_s"], r["raw_req_per_s"])
+            checks.append(check(q, want, q is not None and q >= want, metric="req_per_s / raw",
+                                variant=r["variant"], in_flight=r["in_flight"]))
+        t["pipeline_graph_vs_raw"] = target(
+            "graph replay >= 1.5x raw req/s, fused epilogue + graph >= 1.7x, at every in-flight "
+            "depth (same run)", "ratio", checks)
         checks = []
         for r in s["pipeline"]:
             q = ratio(r["req_per_s"], r["torch_req_per_s"])

@@ -22,6 +22,13 @@ struct fault_fixture : gpu_fixture {
   /// in flight; then checks everything the contract promises after a fault.
   void poison_and_check(completion how) {
     auto before = alloc<float>(1024);  // a ref from the healthy generation
+    // A recorded unit of the healthy generation, replayed once, and cached.
+    auto copied = alloc<float>(1024);
+    auto unit = run(record(dev, fill_bytes(before, 0), copy(before, copied)));
+    REQUIRE(unit);
+    REQUIRE(run(replay(unit.value())));
+    graph_cache cache(4);
+    cache.insert(1, unit.value());
     std::optional<health_state> woke;
     dev.async_wait_health_change([&](health_state h) { woke = h; });
 
@@ -125,6 +132,13 @@ struct fault_fixture : gpu_fixture {
     REQUIRE(fault);
     CHECK(fault->message().find("cudaErrorIllegalAddress") != std::string::npos);
     CHECK(r.error().message().find("cudaErrorIllegalAddress") != std::string::npos);
+
+    // A replay never launches into the poisoned context: the fault's error at once.
+    auto again = run(replay(unit.value()));
+    REQUIRE_FALSE(again);
+    CHECK(again.error().code() == errc::context_poisoned);
+    CHECK(unit.value().replays() == 1);
+    CHECK_FALSE(cache.find(1));  // of an older generation: dropped
   }
 };
 
