@@ -472,8 +472,8 @@ int main(int argc, char** argv) {
     for (auto& v : o.variants) {
       const auto r = run_library(c, slots, v, f, o);
       wrong_total += r.wrong;
-      std::printf("%-11s %6d %10.0f %9.1f %9.1f %9.1f %10.0f %9.1f %9.1f %7.3f %6ld\n", v.c_str(), f,
-                  r.req_per_s, r.p50_us, r.p99_us, r.cpu_us_per_req, raw.req_per_s, raw.p50_us,
+      std::printf("%-11s %6d %10.0f %9.1f %9.1f %9.1f %10.0f %9.1f %9.1f %7.3f %6ld\n", v.c_str(),
+                  f, r.req_per_s, r.p50_us, r.p99_us, r.cpu_us_per_req, raw.req_per_s, raw.p50_us,
                   raw.cpu_us_per_req, raw.req_per_s > 0 ? r.req_per_s / raw.req_per_s : 0.0,
                   r.wrong + raw.wrong);
       rows.push_back(bench::json::object({{"variant", r.variant},

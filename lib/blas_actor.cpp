@@ -941,11 +941,11 @@ asio::awaitable<result<gpu_ref<T>>> do_gemm_fused(state_ptr st, gemm_params p, g
                                                     &pbias, sizeof pbias) != CUBLAS_STATUS_SUCCESS)
       return make_error(errc::library, "gemm_fused: cuBLASLt refused the bias pointer");
     const float alpha = static_cast<float>(p.alpha), beta = static_cast<float>(p.beta);
-    BOOST_OUTCOME_TRY(cublas_ok(
-        cublasLtMatmul(lane.lt, plan->desc, &alpha, pa, plan->la, pb, plan->lb, &beta, pc, plan->lc,
-                       pc, plan->lc, &plan->algo, lane.active_work(), lane.work_bytes,
-                       l.native_stream()),
-        "cublasLtMatmul"));
+    BOOST_OUTCOME_TRY(
+        cublas_ok(cublasLtMatmul(lane.lt, plan->desc, &alpha, pa, plan->la, pb, plan->lb, &beta, pc,
+                                 plan->lc, pc, plan->lc, &plan->algo, lane.active_work(),
+                                 lane.work_bytes, l.native_stream()),
+                  "cublasLtMatmul"));
     ++lane.lt_calls;
     return keep{a, b, bias, st};
   });
@@ -1148,10 +1148,11 @@ template <class R, class Keep, class Prepare>
 asio::awaitable<result<R>> scalar_op(state_ptr st, std::string_view call_name, Keep inputs,
                                      Prepare prepare) {
   if (detail::unit_of(co_await asio::this_coro::executor))
-    co_return tag(make_error(errc::not_supported,
-                             std::string(call_name) +
-                                 ": yields a host value the GPU computes, known only after its "
-                                 "wait: not available as a step of compose() or record() (await it alone)"));
+    co_return tag(
+        make_error(errc::not_supported,
+                   std::string(call_name) +
+                       ": yields a host value the GPU computes, known only after its "
+                       "wait: not available as a step of compose() or record() (await it alone)"));
   // The scratch scalar is allocated on the lane's stream: no cross-stream wait.
   auto& lane = st->lane();
   auto scratch = st->dev.allocate<R>(1, lane.strm);

@@ -30,8 +30,7 @@ void settle_all(unit_recorder& rec, const gpu_error* e) {
 }
 }  // namespace
 
-gpu_error unit_step_error(const gpu_error& e, std::size_t k, std::size_t n,
-                          std::string_view unit) {
+gpu_error unit_step_error(const gpu_error& e, std::size_t k, std::size_t n, std::string_view unit) {
   return gpu_error(e.code(), e.library(), e.native_status(), step_prefix(k, n, unit) + e.message());
 }
 

@@ -256,8 +256,8 @@ std::shared_ptr<const recorded_exec> graph_conv::record(cudnnHandle_t h, cudaStr
   return rec;
 }
 
-result<graph_run> graph_conv::execute_direct(cudnnHandle_t h, const void* x, const void* w,
-                                             void* y, void* ws) {
+result<graph_run> graph_conv::execute_direct(cudnnHandle_t h, const void* x, const void* w, void* y,
+                                             void* ws) {
   BOOST_OUTCOME_TRY(bind({x, w, y, ws}));
   BOOST_OUTCOME_TRY(ok(cudnnBackendExecute(h, plan_.get(), pack_.get()), "cudnnBackendExecute"));
   return graph_run::executed;

@@ -181,7 +181,6 @@ struct fft_lane : lane_base {
   result<std::shared_ptr<fft_plan>> plan_for(const fft_plan_key& key);
 };
 
-
 struct fft_state {
   fft_state(device d, completion c, std::size_t cache_size, lane_policy lp)
       : dev(std::move(d)),
@@ -385,7 +384,9 @@ public:
     if (blas_bound_) cublasSetStream(lane_.blas, lane_.strm.native_handle());
 #endif
   }
-  const result<void>& status() const noexcept { return status_; }
+  const result<void>& status() const noexcept {
+    return status_;
+  }
 #if ATOMR_FFT_USE_CUBLAS
   /// The normalising cuBLAS handle on the recording's stream, with a
   /// workspace of the recording's (cuBLAS's default one would put an

@@ -111,9 +111,15 @@ result<std::shared_ptr<graph_state>> end_recording(unit_capture& c, std::optiona
 
 }  // namespace detail
 
-std::size_t recorded_unit::steps() const noexcept { return st_ ? st_->steps : 0; }
-std::size_t recorded_unit::nodes() const noexcept { return st_ ? st_->nodes : 0; }
-std::uint64_t recorded_unit::generation() const noexcept { return st_ ? st_->generation : 0; }
+std::size_t recorded_unit::steps() const noexcept {
+  return st_ ? st_->steps : 0;
+}
+std::size_t recorded_unit::nodes() const noexcept {
+  return st_ ? st_->nodes : 0;
+}
+std::uint64_t recorded_unit::generation() const noexcept {
+  return st_ ? st_->generation : 0;
+}
 std::uint64_t recorded_unit::replays() const noexcept {
   return st_ ? st_->replays.load(std::memory_order_relaxed) : 0;
 }
@@ -129,30 +135,30 @@ asio::awaitable<result<void>> replay(recorded_unit unit, completion how) {
   auto& d = *st->on.state()->owner;
   BOOST_OUTCOME_CO_TRY(d.check_accepting());
   if (const auto now = d.generation.load(); now != st->generation)
-    co_return make_error(errc::stale_ref,
-                         "replay: the unit was recorded in device generation " +
-                             std::to_string(st->generation) + ", the device is at " +
-                             std::to_string(now));
+    co_return make_error(errc::stale_ref, "replay: the unit was recorded in device generation " +
+                                              std::to_string(st->generation) +
+                                              ", the device is at " + std::to_string(now));
   using keep = std::shared_ptr<detail::graph_state>;
-  auto r = co_await run_kernel("cuda", st->on, how, std::tuple<>{}, [st](launch& l) -> result<keep> {
-    if (l.recording())
-      return make_error(errc::not_supported,
-                        "replay: a recorded unit cannot be replayed inside a recording");
-    for (const auto& b : st->buffers) {
-      BOOST_OUTCOME_TRY(l.order(b.st, b.write));
-    }
-    if (auto e = cudaGraphLaunch(st->exec, l.native_stream()); e != cudaSuccess)
-      return classify(e, "cudaGraphLaunch (a recorded unit)");
-    st->replays.fetch_add(1, std::memory_order_relaxed);
-    return st;
-  });
+  auto r =
+      co_await run_kernel("cuda", st->on, how, std::tuple<>{}, [st](launch& l) -> result<keep> {
+        if (l.recording())
+          return make_error(errc::not_supported,
+                            "replay: a recorded unit cannot be replayed inside a recording");
+        for (const auto& b : st->buffers) {
+          BOOST_OUTCOME_TRY(l.order(b.st, b.write));
+        }
+        if (auto e = cudaGraphLaunch(st->exec, l.native_stream()); e != cudaSuccess)
+          return classify(e, "cudaGraphLaunch (a recorded unit)");
+        st->replays.fetch_add(1, std::memory_order_relaxed);
+        return st;
+      });
   if (!r) co_return r.error();
   co_return outcome::success();
 }
 
 asio::awaitable<result<void>> replay(recorded_unit unit) {
-  const completion how = unit ? unit.state()->on.get_device().options().default_completion
-                              : completion{};
+  const completion how =
+      unit ? unit.state()->on.get_device().options().default_completion : completion{};
   return replay(std::move(unit), how);
 }
 

@@ -215,7 +215,8 @@ result<void*> launch::recording_workspace(std::size_t bytes) {
 }
 
 void launch::end_recorded() {
-  if (capture_) touched_.for_each([&](detail::touch_list::entry& t) { capture_->touch(t.st, t.write); });
+  if (capture_)
+    touched_.for_each([&](detail::touch_list::entry& t) { capture_->touch(t.st, t.write); });
   touched_.clear();
   if (counted_) stream_.state()->owner->in_flight.add(-1);
   counted_ = false;

@@ -121,7 +121,8 @@ TEST_CASE_FIXTURE(graph_fixture,
   REQUIRE(run(upload(av, a)));
   REQUIRE(run(upload(bv, b)));
   std::vector<double> ad(av.begin(), av.end()), bd(bv.begin(), bv.end());
-  auto a64 = alloc<double>(ad.size()), b64 = alloc<double>(bd.size()), c64 = alloc<double>(ad.size());
+  auto a64 = alloc<double>(ad.size()), b64 = alloc<double>(bd.size()),
+       c64 = alloc<double>(ad.size());
   REQUIRE(run(upload(ad, a64)));
   REQUIRE(run(upload(bd, b64)));
 #if ATOMR_CUDA_HAS_CUFFT
@@ -140,8 +141,8 @@ TEST_CASE_FIXTURE(graph_fixture,
 #endif
 
   // Unrecorded, as one unit.
-  auto direct =
-      run(compose(dev, blas.gemm(square(n), a, b, c), blas.gemm(square(n), a64, b64, c64), third()));
+  auto direct = run(
+      compose(dev, blas.gemm(square(n), a, b, c), blas.gemm(square(n), a64, b64, c64), third()));
   REQUIRE_MESSAGE(direct, why(direct));
   const auto c_direct = download_floats(c);
   std::vector<double> c64_direct(ad.size());
@@ -158,8 +159,8 @@ TEST_CASE_FIXTURE(graph_fixture,
 #if ATOMR_CUDA_HAS_CUFFT
   REQUIRE(run(fill_bytes(fout, 0xFF)));
 #endif
-  auto unit = run(record(dev, blas.gemm(square(n), a, b, c), blas.gemm(square(n), a64, b64, c64),
-                         third()));
+  auto unit =
+      run(record(dev, blas.gemm(square(n), a, b, c), blas.gemm(square(n), a64, b64, c64), third()));
   REQUIRE_MESSAGE(unit, why(unit));
   REQUIRE(run(replay(unit.value())));
   const auto c_replayed = download_floats(c);
@@ -213,20 +214,18 @@ TEST_CASE_FIXTURE(graph_fixture,
     std::vector<float> out(n * n, std::nanf(""));
     // On `other`: a 20 ms spin, then a's real values. The replay must wait
     // for them on the GPU; the copy of c after it must wait for the replay.
-    auto spin_then_copy = run_kernel("cuda", other, event_poll{}, a,
-                                     [&](launch& l) -> result<gpu_ref<float>> {
-                                       BOOST_OUTCOME_TRY(const float* s, l.read(staged_a));
-                                       BOOST_OUTCOME_TRY(float* t, l.write(a));
-                                       if (auto e = kernels.spin(l.native_stream(), 20);
-                                           e != cudaSuccess)
-                                         return classify(e, "spin");
-                                       if (auto e = cudaMemcpyAsync(t, s, a.size_bytes(),
-                                                                    cudaMemcpyDeviceToDevice,
-                                                                    l.native_stream());
-                                           e != cudaSuccess)
-                                         return classify(e, "cudaMemcpyAsync");
-                                       return staged_a;
-                                     });
+    auto spin_then_copy =
+        run_kernel("cuda", other, event_poll{}, a, [&](launch& l) -> result<gpu_ref<float>> {
+          BOOST_OUTCOME_TRY(const float* s, l.read(staged_a));
+          BOOST_OUTCOME_TRY(float* t, l.write(a));
+          if (auto e = kernels.spin(l.native_stream(), 20); e != cudaSuccess)
+            return classify(e, "spin");
+          if (auto e = cudaMemcpyAsync(t, s, a.size_bytes(), cudaMemcpyDeviceToDevice,
+                                       l.native_stream());
+              e != cudaSuccess)
+            return classify(e, "cudaMemcpyAsync");
+          return staged_a;
+        });
     auto r = run(compose(dev, std::move(spin_then_copy), replay(unit.value()),
                          copy(c, d, {.on = other}), download(d, out)));
     REQUIRE_MESSAGE(r, why(r));
@@ -256,8 +255,8 @@ TEST_CASE_FIXTURE(graph_fixture,
                  "pageable");
 #if ATOMR_CUDA_HAS_CURAND
   auto rng = rng_actor::create(dev).value();
-  expect_refused(run(record(dev, upload(in, x), rng.uniform(y), copy(y, x))),
-                 "record: step 2 of 3", "curand");
+  expect_refused(run(record(dev, upload(in, x), rng.uniform(y), copy(y, x))), "record: step 2 of 3",
+                 "curand");
 #endif
   expect_refused(run(record(dev, blas.dot(n, x, y))), "record: step 1 of 1", "dot");
   auto ok_unit = run(record(dev, copy(x, y)));
@@ -265,14 +264,13 @@ TEST_CASE_FIXTURE(graph_fixture,
   expect_refused(run(record(dev, copy(y, x), replay(ok_unit.value()))), "record: step 2 of 2",
                  "replay");
   // An enqueue that synchronises: capture is invalidated by it.
-  auto syncing = run_kernel("cuda", dev.main_stream(), event_poll{}, y,
-                            [&](launch& l) -> result<std::tuple<>> {
-                              BOOST_OUTCOME_TRY(l.write(y));
-                              if (auto e = cudaStreamSynchronize(l.native_stream());
-                                  e != cudaSuccess)
-                                return classify(e, "cudaStreamSynchronize");
-                              return std::tuple<>{};
-                            });
+  auto syncing = run_kernel(
+      "cuda", dev.main_stream(), event_poll{}, y, [&](launch& l) -> result<std::tuple<>> {
+        BOOST_OUTCOME_TRY(l.write(y));
+        if (auto e = cudaStreamSynchronize(l.native_stream()); e != cudaSuccess)
+          return classify(e, "cudaStreamSynchronize");
+        return std::tuple<>{};
+      });
   expect_refused(run(record(dev, copy(x, y), std::move(syncing))), "record: step 2 of 2",
                  "cannot be recorded");
   // A recording inside a unit.
@@ -333,7 +331,8 @@ TEST_CASE_FIXTURE(graph_fixture,
   CHECK(st.capacity == 2);
   CHECK(st.evictions == 1);
   CHECK_FALSE(cache.find(1));
-  for (int i = 0; i < 3; ++i) CHECK(gemm_rel_error(av, bv, download_floats(outs[i]), n, 256) < 1e-5);
+  for (int i = 0; i < 3; ++i)
+    CHECK(gemm_rel_error(av, bv, download_floats(outs[i]), n, 256) < 1e-5);
 }
 
 TEST_CASE_FIXTURE(graph_fixture,
@@ -343,16 +342,16 @@ TEST_CASE_FIXTURE(graph_fixture,
   const auto base = dev.statistics();
   {
     auto y = nan_floats(1024);
-    auto unit = run(record(dev,
-                           run_kernel("cuda", dev.main_stream(), event_poll{}, y,
-                                      [&](launch& l) -> result<std::tuple<>> {
-                                        BOOST_OUTCOME_TRY(l.write(y));
-                                        if (auto e = kernels.spin(l.native_stream(), 30);
-                                            e != cudaSuccess)
-                                          return classify(e, "spin");
-                                        return std::tuple<>{};
-                                      }),
-                           fill_bytes(y, 0)));
+    auto unit =
+        run(record(dev,
+                   run_kernel("cuda", dev.main_stream(), event_poll{}, y,
+                              [&](launch& l) -> result<std::tuple<>> {
+                                BOOST_OUTCOME_TRY(l.write(y));
+                                if (auto e = kernels.spin(l.native_stream(), 30); e != cudaSuccess)
+                                  return classify(e, "spin");
+                                return std::tuple<>{};
+                              }),
+                   fill_bytes(y, 0)));
     REQUIRE_MESSAGE(unit, why(unit));
     completion quick = event_poll{};
     quick.timeout = 2ms;

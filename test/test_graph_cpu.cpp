@@ -35,8 +35,9 @@ TEST_CASE_FIXTURE(io_fixture, "record: a device that does not accept work record
   }
 }
 
-TEST_CASE_FIXTURE(io_fixture, "replay of an empty recorded_unit: invalid_argument, awaited or "
-                              "through a completion token") {
+TEST_CASE_FIXTURE(io_fixture,
+                  "replay of an empty recorded_unit: invalid_argument, awaited or "
+                  "through a completion token") {
   recorded_unit none;
   CHECK_FALSE(none);
   CHECK(none.steps() == 0);

@@ -103,8 +103,7 @@ asio::awaitable<result<recorded_unit>> record(device dev, asio::awaitable<result
     const detail::unit_executor ex(std::move(outer), &rec);
     std::tuple<std::optional<result<T>>...> got;
     auto failed = co_await detail::run_unit_steps(ex, got, steps...);
-    BOOST_OUTCOME_CO_TRY(auto st,
-                         detail::end_recording(*cap, std::move(failed), sizeof...(T)));
+    BOOST_OUTCOME_CO_TRY(auto st, detail::end_recording(*cap, std::move(failed), sizeof...(T)));
     co_return recorded_unit(std::move(st));
   }
 }
@@ -142,12 +141,12 @@ auto replay(recorded_unit unit, Token&& token) {
 
 /// A snapshot of a graph_cache's counters.
 struct graph_cache_statistics {
-  std::size_t size = 0;          ///< units held now
-  std::size_t capacity = 0;      ///< the most it holds
-  std::uint64_t hits = 0;        ///< find() or replay() found the key
-  std::uint64_t misses = 0;      ///< they did not (replay() then recorded)
-  std::uint64_t evictions = 0;   ///< units dropped to stay within capacity
-  std::uint64_t stale = 0;       ///< units dropped because their device generation changed
+  std::size_t size = 0;         ///< units held now
+  std::size_t capacity = 0;     ///< the most it holds
+  std::uint64_t hits = 0;       ///< find() or replay() found the key
+  std::uint64_t misses = 0;     ///< they did not (replay() then recorded)
+  std::uint64_t evictions = 0;  ///< units dropped to stay within capacity
+  std::uint64_t stale = 0;      ///< units dropped because their device generation changed
 };
 
 /// A bounded cache of recorded units under keys the caller chooses (a request

@@ -235,8 +235,8 @@ std::optional<gpu_error> capture_refusal(const unit_capture& c, std::string_view
 /// so nothing runs; the buffers touched and the keep-alive with the output
 /// go to the recording, which keeps them as long as its graph.
 template <class O, class Enqueue>
-result<O> record_in_unit(unit_capture& c, std::string_view library, const stream& s,
-                         completion how, O output, Enqueue& enqueue) {
+result<O> record_in_unit(unit_capture& c, std::string_view library, const stream& s, completion how,
+                         O output, Enqueue& enqueue) {
   BOOST_OUTCOME_TRY(check_recordable(c, library, s));
   launch l(c.on, library, c);
   if (auto ok = l.begin(); !ok) return l.fail(ok.error());
