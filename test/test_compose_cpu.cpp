@@ -4,6 +4,8 @@
 
 #include <atomr/cuda.hpp>
 
+#include <boost/asio/bind_cancellation_slot.hpp>
+#include <boost/asio/cancellation_signal.hpp>
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/detached.hpp>
 #include <boost/asio/post.hpp>
@@ -13,6 +15,7 @@
 #include <doctest/doctest.h>
 
 #include <chrono>
+#include <new>
 #include <optional>
 #include <tuple>
 #include <vector>
@@ -92,4 +95,114 @@ TEST_CASE_FIXTURE(io_fixture, "compose through a completion token (use_future, a
   REQUIRE_FALSE(*by_callback);
   CHECK(by_callback->error().code() == errc::invalid_argument);
   CHECK_FALSE(started);
+}
+
+namespace {
+/// A step that records its turn and whether it ran on the unit's executor.
+asio::awaitable<result<int>> ordered_step(std::vector<int>* order, int id, bool* in_unit,
+                                          bool suspend) {
+  if (suspend) {
+    asio::steady_timer t(co_await asio::this_coro::executor, std::chrono::milliseconds(2));
+    co_await t.async_wait(asio::use_awaitable);
+  }
+  *in_unit = detail::unit_of(co_await asio::this_coro::executor) != nullptr;
+  order->push_back(id);
+  co_return id;
+}
+asio::awaitable<result<int>> failing_step(std::vector<int>* order, int id) {
+  order->push_back(id);
+  co_return make_error(errc::invalid_argument, "bad shape");
+}
+asio::awaitable<result<int>> throwing_step(std::vector<int>* order, int id) {
+  order->push_back(id);
+  throw std::bad_alloc();
+  co_return id;
+}
+
+/// Runs detail::run_unit_steps, as compose() and record() do, with a unit named `name`.
+template <class... T>
+asio::awaitable<std::optional<gpu_error>> run_steps(detail::unit_recorder* rec,
+                                                    std::tuple<std::optional<result<T>>...>& got,
+                                                    asio::awaitable<result<T>>... steps) {
+  const detail::unit_executor ex(co_await asio::this_coro::executor, rec);
+  co_return co_await detail::run_unit_steps(ex, got, steps...);
+}
+}  // namespace
+
+TEST_CASE_FIXTURE(io_fixture,
+                  "unit steps run in order on the unit's executor, suspending or not, in one "
+                  "spawned coroutine") {
+  detail::unit_recorder rec;
+  std::vector<int> order;
+  bool a = false, b = false, c = false;
+  std::tuple<std::optional<result<int>>, std::optional<result<int>>, std::optional<result<int>>>
+      got;
+  auto failed = run(run_steps<int, int, int>(&rec, got, ordered_step(&order, 1, &a, false),
+                                             ordered_step(&order, 2, &b, true),
+                                             ordered_step(&order, 3, &c, false)));
+  CHECK_FALSE(failed);
+  CHECK(order == std::vector<int>{1, 2, 3});
+  CHECK(a);
+  CHECK(b);
+  CHECK(c);
+  REQUIRE(std::get<2>(got));
+  CHECK(std::get<2>(got)->value() == 3);
+}
+
+TEST_CASE_FIXTURE(io_fixture,
+                  "a failing or throwing step stops the unit there, named with the unit's name; "
+                  "later steps never start") {
+  std::vector<int> order;
+  bool seen = false;
+  {
+    detail::unit_recorder rec;
+    rec.name = "record";
+    std::tuple<std::optional<result<int>>, std::optional<result<int>>, std::optional<result<int>>>
+        got;
+    auto failed = run(run_steps<int, int, int>(&rec, got, ordered_step(&order, 1, &seen, false),
+                                               failing_step(&order, 2),
+                                               ordered_step(&order, 3, &seen, false)));
+    REQUIRE(failed);
+    CHECK(failed->code() == errc::invalid_argument);
+    CHECK(failed->message() == "record: step 2 of 3: bad shape");
+    CHECK(order == std::vector<int>{1, 2});
+    CHECK_FALSE(std::get<2>(got));
+  }
+  order.clear();
+  {
+    detail::unit_recorder rec;
+    std::tuple<std::optional<result<int>>, std::optional<result<int>>> got;
+    auto failed = run(run_steps<int, int>(&rec, got, throwing_step(&order, 1),
+                                          ordered_step(&order, 2, &seen, false)));
+    REQUIRE(failed);
+    CHECK(failed->code() == errc::out_of_memory);
+    CHECK(failed->message().rfind("compose: step 1 of 2: ", 0) == 0);
+    CHECK(order == std::vector<int>{1});
+  }
+}
+
+TEST_CASE_FIXTURE(io_fixture,
+                  "a unit cancelled while a step waits: the waiting step is cancelled, no later "
+                  "step starts") {
+  detail::unit_recorder rec;
+  std::vector<int> order;
+  bool seen = false;
+  std::tuple<std::optional<result<int>>, std::optional<result<int>>> got;
+  std::optional<std::optional<gpu_error>> failed;
+  asio::cancellation_signal sig;
+  asio::co_spawn(
+      ioc,
+      [&]() -> asio::awaitable<void> {
+        failed.emplace(co_await run_steps<int, int>(&rec, got, ordered_step(&order, 1, &seen, true),
+                                                    ordered_step(&order, 2, &seen, false)));
+      },
+      asio::bind_cancellation_slot(sig.slot(), asio::detached));
+  ioc.run_for(std::chrono::microseconds(200));
+  sig.emit(asio::cancellation_type::terminal);
+  ioc.run_for(std::chrono::seconds(2));
+  REQUIRE(failed);
+  REQUIRE(*failed);
+  CHECK((*failed)->code() == errc::cancelled);
+  CHECK((*failed)->message().rfind("compose: step 1 of 2: ", 0) == 0);
+  CHECK(order.empty());
 }

@@ -51,49 +51,63 @@ gpu_error unit_step_exception(std::exception_ptr e, std::size_t k, std::size_t n
 asio::awaitable<result<void>> finish_unit(unit_recorder& rec, completion how,
                                           std::optional<gpu_error> failed);
 
+/// Awaits one step in the unit's coroutine (whose executor carries the unit,
+/// so the step's run_kernel finds it); its value or error goes to `out`.
 template <class T>
-asio::awaitable<void> store_unit_step(asio::awaitable<result<T>> step,
-                                      std::optional<result<T>>& out) {
-  out.emplace(co_await std::move(step));
-}
-
-/// Runs one step on the unit's executor (a coroutine of its own whose
-/// executor carries the unit: co_spawn); its value or error goes to `out`.
-template <class T>
-asio::awaitable<void> run_unit_step(unit_executor ex, asio::awaitable<result<T>> step,
-                                    std::optional<result<T>>& out, std::size_t k, std::size_t n) {
+asio::awaitable<void> await_unit_step(asio::awaitable<result<T>>& step,
+                                      std::optional<result<T>>& out, std::size_t k, std::size_t n,
+                                      const char* unit) {
   try {
-    // Through a void coroutine: co_spawn default-constructs a value type,
-    // which result<T> has not.
-    co_await asio::co_spawn(ex, store_unit_step(std::move(step), out), asio::use_awaitable);
-    if (!out) out.emplace(make_error(errc::library, "compose: a step ended without a value"));
+    out.emplace(co_await std::move(step));
   } catch (...) {
-    out.emplace(unit_step_exception(std::current_exception(), k, n, ex.recorder()->name));
+    out.emplace(unit_step_exception(std::current_exception(), k, n, unit));
   }
 }
 
-/// Runs `steps` left to right on `ex` (each enqueues only after the one
-/// before it has), each value or error into `got`; the first error stops the
-/// unit there (later steps are never started) and is returned, naming its step.
-template <class... T>
-asio::awaitable<std::optional<gpu_error>> run_unit_steps(
-    const unit_executor& ex, std::tuple<std::optional<result<T>>...>& got,
-    asio::awaitable<result<T>>&... steps) {
+/// The unit's coroutine: every step in order, each only after the one before
+/// it has enqueued; the first error (or a cancellation of the unit seen
+/// between two steps) stops it there, and later steps are never started.
+template <class... T, std::size_t... I>
+asio::awaitable<void> unit_body(std::tuple<asio::awaitable<result<T>>&...> steps,
+                                std::tuple<std::optional<result<T>>...>& got,
+                                std::optional<gpu_error>& failed, const char* unit,
+                                std::index_sequence<I...>) {
   constexpr std::size_t n = sizeof...(T);
-  std::optional<gpu_error> failed;
   std::size_t k = 0;
   auto one = [&]<class V>(asio::awaitable<result<V>>& step,
                           std::optional<result<V>>& out) -> asio::awaitable<void> {
     ++k;
     if (failed) co_return;  // a step before failed: this one never starts
-    co_await run_unit_step(ex, std::move(step), out, k, n);
-    if (!*out) failed = unit_step_error(out->error(), k, n, ex.recorder()->name);
+    const auto cs = co_await asio::this_coro::cancellation_state;
+    if (cs.cancelled() != asio::cancellation_type::none) {
+      failed =
+          unit_step_error(make_error(errc::cancelled, "cancelled before its enqueue"), k, n, unit);
+      co_return;
+    }
+    co_await await_unit_step(step, out, k, n, unit);
+    if (!*out) failed = unit_step_error(out->error(), k, n, unit);
   };
-  auto all = std::forward_as_tuple(steps...);
-  auto each = [&]<std::size_t... I>(std::index_sequence<I...>)->asio::awaitable<void> {
-    ((co_await one(std::get<I>(all), std::get<I>(got))), ...);
-  };
-  co_await each(std::index_sequence_for<T...>{});
+  ((co_await one(std::get<I>(steps), std::get<I>(got))), ...);
+}
+
+/// Runs `steps` left to right in one coroutine spawned on `ex` (one trip
+/// through the scheduler per unit, not per step), each value or error into
+/// `got`; returns the first error, naming its step.
+template <class... T>
+asio::awaitable<std::optional<gpu_error>> run_unit_steps(
+    const unit_executor& ex, std::tuple<std::optional<result<T>>...>& got,
+    asio::awaitable<result<T>>&... steps) {
+  std::optional<gpu_error> failed;
+  const char* unit = ex.recorder()->name;
+  try {
+    co_await asio::co_spawn(ex,
+                            unit_body<T...>(std::forward_as_tuple(steps...), got, failed, unit,
+                                            std::index_sequence_for<T...>{}),
+                            asio::use_awaitable);
+  } catch (...) {
+    // The unit's coroutine could not run at all (cancelled before it started).
+    if (!failed) failed = unit_step_exception(std::current_exception(), 1, sizeof...(T), unit);
+  }
   co_return failed;
 }
 
