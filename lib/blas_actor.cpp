@@ -150,10 +150,11 @@ struct blas_lane : lane_base {
   /// lane's direct calls). Lock held.
   result<void> bind(launch& l);
   /// Back on the lane's stream (cublasSetStream, which also gives the handle
-  /// back cuBLAS's default workspace, as before bind). Lock held.
-  void unbind() noexcept {
+  /// back cuBLAS's default workspace, as before bind); false if that failed.
+  /// Lock held.
+  bool unbind() noexcept {
     rec_work = nullptr;
-    cublasSetStream(handle, strm.native_handle());
+    return cublasSetStream(handle, strm.native_handle()) == CUBLAS_STATUS_SUCCESS;
   }
   /// The workspace calls use now: the recording's while bound to one.
   void* active_work() const noexcept { return rec_work ? rec_work : work; }

@@ -412,8 +412,10 @@ struct cudnn_lane : lane_base {
     BOOST_OUTCOME_TRY(auto h, get_handle());
     return ok(cudnnSetStream(h, l.native_stream()), "cudnnSetStream");
   }
-  /// Back on the lane's stream. Lock held.
-  void unbind() noexcept { cudnnSetStream(handle, strm.native_handle()); }
+  /// Back on the lane's stream; false if that failed. Lock held.
+  bool unbind() noexcept {
+    return cudnnSetStream(handle, strm.native_handle()) == CUDNN_STATUS_SUCCESS;
+  }
 
   /// Creates the handle on first use and binds it to the lane's stream.
   /// Called with the lock held and the device current.

@@ -371,6 +371,10 @@ result<void> scale(cublasHandle_t h, std::complex<double>* x, long long n, doubl
 class recording_bind {
 public:
   recording_bind(fft_lane& lane, fft_plan& plan, launch& l) : lane_(lane), plan_(plan) {
+    if (lane.stuck) {
+      status_ = stuck_lane_error();
+      return;
+    }
     if (!l.recording()) return;
     status_ = cufft_ok(cufftSetStream(plan.handle, l.native_stream()), "cufftSetStream");
     plan_bound_ = status_.has_value();
@@ -378,10 +382,13 @@ public:
   recording_bind(const recording_bind&) = delete;
   recording_bind& operator=(const recording_bind&) = delete;
   ~recording_bind() {
-    if (plan_bound_) cufftSetStream(plan_.handle, lane_.strm.native_handle());
+    if (plan_bound_ && cufftSetStream(plan_.handle, lane_.strm.native_handle()) != CUFFT_SUCCESS)
+      lane_.stuck = true;
 #if ATOMR_FFT_USE_CUBLAS
     // cublasSetStream also gives the handle back cuBLAS's default workspace.
-    if (blas_bound_) cublasSetStream(lane_.blas, lane_.strm.native_handle());
+    if (blas_bound_ &&
+        cublasSetStream(lane_.blas, lane_.strm.native_handle()) != CUBLAS_STATUS_SUCCESS)
+      lane_.stuck = true;
 #endif
   }
   const result<void>& status() const noexcept {

@@ -26,7 +26,8 @@ struct graph_state {
   // Destroyed only when no replay can still run it: each replay's keep-alive
   // holds this state until its GPU work is done (or the context is gone).
   ~graph_state() {
-    if (exec && on && on.state()->owner->health.load() == health_state::healthy)
+    // Nothing is handed back to a poisoned context (a stopped one still works).
+    if (exec && on && on.state()->owner->health.load() != health_state::poisoned)
       cudaGraphExecDestroy(exec);  // teardown: errors deliberately ignored
   }
 
@@ -37,8 +38,12 @@ struct graph_state {
   std::size_t nodes = 0;
   std::vector<unit_capture::access> buffers;
   std::vector<std::shared_ptr<void>> keeps;
-  std::vector<std::shared_ptr<capture_scratch>> scratch;
+  std::vector<gpu_ref<std::uint8_t>> scratch;
   std::atomic<std::uint64_t> replays{0};
+  /// Serialises the ordering and the launch of replays started at once (an
+  /// executable graph is not thread-safe; two io threads, or an io thread and
+  /// a launch thread, may enqueue replays of one unit together).
+  std::mutex launch_mu;
 };
 
 result<std::unique_ptr<unit_capture>> begin_recording(const device& dev) {

@@ -128,13 +128,6 @@ void launch::succeed() {
 }
 
 namespace detail {
-capture_scratch::~capture_scratch() {
-  if (ptr && dev->health.load() == health_state::healthy) {
-    dev->make_current();
-    cudaFree(ptr);  // teardown: errors deliberately ignored
-  }
-}
-
 unit_capture::~unit_capture() {
   if (!open || !on) return;
   // An abandoned recording: end the capture so that the stream can be
@@ -154,18 +147,16 @@ void unit_capture::touch(const std::shared_ptr<buffer_state>& st, bool write) {
 }
 
 result<void*> unit_capture::workspace(std::size_t bytes) {
-  if (!scratch.empty() && scratch.back()->bytes >= bytes) return scratch.back()->ptr;
-  auto& d = *on.state()->owner;
-  if (auto e = d.make_current(); e != cudaSuccess) return classify(e, "cudaSetDevice");
-  // Not stream-ordered, and not captured (the recording's capture mode is
-  // relaxed): the memory is usable by every replay once this returns.
-  void* p = nullptr;
-  if (auto e = cudaMalloc(&p, bytes); e != cudaSuccess) {
-    cudaGetLastError();
-    return classify(e, "cudaMalloc (a recording's workspace)");
+  if (!scratch.empty() && scratch.back().size() >= bytes) {
+    BOOST_OUTCOME_TRY(std::uint8_t * p, scratch.back().unsafe_data());
+    return static_cast<void*>(p);
   }
-  scratch.push_back(std::make_shared<capture_scratch>(d.shared_from_this(), p, bytes));
-  return p;
+  device dev(on.state()->owner->shared_from_this());
+  BOOST_OUTCOME_TRY(auto w, dev.allocate<std::uint8_t>(bytes, dev.main_stream()));
+  BOOST_OUTCOME_TRY(std::uint8_t * p, w.unsafe_data());
+  touch(w.state(), true);
+  scratch.push_back(std::move(w));
+  return static_cast<void*>(p);
 }
 
 result<void> check_recordable(const unit_capture& c, std::string_view library, const stream& s) {
@@ -184,7 +175,9 @@ std::optional<gpu_error> capture_refusal(const unit_capture& c, std::string_view
                                          const gpu_error* failed) {
   cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
   const auto e = cudaStreamIsCapturing(c.on.native_handle(), &status);
-  if (e == cudaSuccess && status == cudaStreamCaptureStatusActive) return std::nullopt;
+  // Not a capture problem (a fault, say): reported as such, and probed by launch::fail.
+  if (e != cudaSuccess) return classify(e, "cudaStreamIsCapturing");
+  if (status == cudaStreamCaptureStatusActive) return std::nullopt;
   cudaGetLastError();  // capture errors are not sticky
   std::string m(library);
   m += ": this operation cannot be recorded into a CUDA graph (it made a call that stream "

@@ -107,7 +107,17 @@ struct lane_base {
 
   const stream strm;
   std::mutex mu;
+  /// Guarded by mu: the lane's handle could not be pointed back at `strm`
+  /// after a recording (lane_hold), so the lane refuses every operation.
+  bool stuck = false;
 };
+
+/// The error of an operation on a stuck lane (lane_base::stuck).
+inline gpu_error stuck_lane_error() {
+  return make_error(errc::library,
+                    "this lane's library handle could not be pointed back at its stream after a "
+                    "recording; the lane refuses further work (create a new actor)");
+}
 
 /// Holds a lane's lock for one enqueue (lane_base::mu). Inside a recording
 /// (launch::recording(), graph.hpp) it also points the lane's library handle
@@ -119,15 +129,19 @@ template <class Lane>
 class lane_hold {
 public:
   lane_hold(Lane& lane, launch& l) : lane_(lane), lock_(lane.mu) {
-    if (l.recording()) {
+    if (lane.stuck) {
+      status_ = stuck_lane_error();
+    } else if (l.recording()) {
       status_ = lane.bind(l);
       bound_ = status_.has_value();
     }
   }
   lane_hold(const lane_hold&) = delete;
   lane_hold& operator=(const lane_hold&) = delete;
+  /// `lane.unbind()` returns false when the handle could not be pointed back:
+  /// the lane is then stuck.
   ~lane_hold() {
-    if (bound_) lane_.unbind();
+    if (bound_ && !lane_.unbind()) lane_.stuck = true;
   }
   /// The error of pointing the handle at the recording's stream, if any.
   const result<void>& status() const noexcept { return status_; }

@@ -3,9 +3,11 @@
 #pragma once
 
 #include <atomr/cuda/error.hpp>
+#include <atomr/cuda/gpu_ref.hpp>
 #include <atomr/cuda/stream.hpp>
 
 #include <cstddef>
+#include <cstdint>
 #include <memory>
 #include <vector>
 
@@ -13,22 +15,6 @@ namespace atomr::cuda::detail {
 
 struct buffer_state;
 class device_impl;
-
-/// Device memory a recording's library calls use as their workspace
-/// (cudaMalloc at record time; cudaFree with the graph, skipped once the
-/// context is poisoned). A recorded graph is replayed on its own stream, so it
-/// cannot share a lane's workspace with the lane's direct calls.
-struct capture_scratch {
-  capture_scratch(std::shared_ptr<device_impl> d, void* p, std::size_t n) noexcept
-      : dev(std::move(d)), ptr(p), bytes(n) {}
-  capture_scratch(const capture_scratch&) = delete;
-  capture_scratch& operator=(const capture_scratch&) = delete;
-  ~capture_scratch();
-
-  const std::shared_ptr<device_impl> dev;
-  void* const ptr;
-  const std::size_t bytes;
-};
 
 /// One recording in progress (docs/design.md, "Recorded units"). Used by one
 /// coroutine at a time: the recording's, while its steps enqueue.
@@ -56,13 +42,19 @@ struct unit_capture {
   /// Each step's keep-alive with its output: what the graph's nodes point at
   /// (buffers, pinned host memory, descriptors, plans), kept as long as the graph.
   std::vector<std::shared_ptr<void>> keeps;
-  std::vector<std::shared_ptr<capture_scratch>> scratch;
+  /// Workspaces of the recording's library calls (unit_capture::workspace).
+  std::vector<gpu_ref<std::uint8_t>> scratch;
 
   /// Adds `st` to the buffers (a write upgrades an earlier read).
   void touch(const std::shared_ptr<buffer_state>& st, bool write);
-  /// A workspace of at least `bytes` for one step's library calls. Steps are
-  /// recorded on one stream, so they run one after another and share it;
-  /// a larger request adds a larger block (earlier steps keep theirs).
+  /// A workspace of at least `bytes` for one step's library calls, from the
+  /// device's pool (allocated on the main stream, which is not captured, and
+  /// in the buffer set as written, so replays are ordered after the
+  /// allocation; freed stream-ordered with the graph). A recorded graph is
+  /// replayed on its own stream, so it cannot share a lane's workspace with
+  /// the lane's direct calls. Steps are recorded on one stream, so they run
+  /// one after another and share it; a larger request adds a larger block
+  /// (earlier steps keep theirs).
   result<void*> workspace(std::size_t bytes);
 };
 
