@@ -24,7 +24,9 @@ if [ "${ASAN:-1}" = 1 ]; then
   [ -d build-asan ] || meson setup build-asan --buildtype=debug -Dtoolkit_prefix="$toolkit" \
     -Db_sanitize=address,undefined -Db_lundef=false \
     -Dcpp_args=-fno-sanitize-recover=all -Dsamples=false -Dbenchmarks=false
-  ninja -C build-asan test/atomr_cpu_tests
+  # The worker process is what the supervision tests start (when built).
+  ninja -C build-asan test/atomr_cpu_tests $(ninja -C build-asan -t targets all 2>/dev/null |
+    grep -o '^atomr-cuda-worker' | head -1)
   # protect_shadow_gap=0: the CUDA runtime maps memory where ASan's shadow gap is.
   ASAN_OPTIONS=${ASAN_OPTIONS:-protect_shadow_gap=0:detect_leaks=1:abort_on_error=0} \
     UBSAN_OPTIONS=${UBSAN_OPTIONS:-halt_on_error=1:print_stacktrace=1} \

@@ -1,0 +1,118 @@
+// The GPU worker process of an isolated device, started, watched and
+// restarted from the service's io_context (docs/design.md, "Isolated device").
+// Internal: the isolated device is built on it.
+#pragma once
+
+#include <atomr/cuda/error.hpp>
+#include <atomr/cuda/supervision.hpp>
+
+#include <boost/asio/any_io_executor.hpp>
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace atomr::cuda {
+namespace asio = boost::asio;
+}
+
+namespace atomr::cuda::detail {
+
+/// How a worker process is started and watched.
+struct worker_options {
+  /// The worker executable; empty: find_worker_executable().
+  std::string executable;
+  int ordinal = 0;
+  /// More arguments for the worker (tests: "--no-cuda", "--test-faults").
+  std::vector<std::string> extra_args;
+  /// Restarts allowed after a crash or hang; one more stops the worker for good.
+  restart_budget budget{};
+  /// A ping every `heartbeat`; no answer for `heartbeat_timeout`: a hang.
+  std::chrono::milliseconds heartbeat{100};
+  std::chrono::milliseconds heartbeat_timeout{2000};
+  /// From spawn to the worker's hello (CUDA context creation included).
+  std::chrono::milliseconds start_timeout{20000};
+  /// The worker's last stderr lines kept for error messages.
+  std::size_t stderr_lines = 20;
+};
+
+enum class worker_state : std::uint8_t {
+  starting,    ///< spawned, its hello not received yet
+  running,     ///< answered its hello; heartbeats flowing
+  failed,      ///< crashed, hung or quit: it has been killed and reaped
+  restarting,  ///< a new worker is being started (budget left)
+  stopped,     ///< stop() was called, or the budget is spent: no more workers
+};
+
+/// What an observer is told at each change of state.
+struct worker_event {
+  worker_state state = worker_state::starting;
+  std::uint64_t incarnation = 0;  ///< 1 for the first worker, +1 per restart
+  int pid = 0;
+  /// failed / stopped by a failure: why (context_poisoned for a crash,
+  /// timeout for a hang), with the worker's last stderr lines.
+  std::optional<gpu_error> error;
+};
+
+struct worker_statistics {
+  worker_state state = worker_state::starting;
+  std::uint64_t incarnation = 0;
+  std::uint64_t restarts = 0;
+  int pid = 0;
+  std::uint64_t pings = 0, pongs = 0;
+  /// The device status the current worker reported in its hello (errc as an
+  /// int; 0: opened), and its message.
+  int device_status = -1;
+  std::string device_message;
+};
+
+/// Starts, watches and restarts one worker process. Runs on its executor's
+/// io threads, starts no thread of its own: the child is an Asio I/O object
+/// (Boost.Process v2: its exit is awaited through a pidfd), the control
+/// channel an abstract Unix socket, heartbeats a timer. A worker that dies
+/// (any signal, a non-zero or zero exit), stops answering heartbeats, or
+/// sends garbage is killed (SIGKILL), reaped, and restarted while the budget
+/// allows; observers see failed, then restarting, then running, or stopped.
+/// Thread-safe: every member may be called from any thread.
+class worker_supervisor : public std::enable_shared_from_this<worker_supervisor> {
+public:
+  using observer = std::function<void(const worker_event&)>;
+
+  /// Starts the first worker (asynchronously: the result is returned before
+  /// the worker answered). Fails at once when no executable is found.
+  static result<std::shared_ptr<worker_supervisor>> start(asio::any_io_executor ex,
+                                                          worker_options o, observer obs = {});
+
+  worker_supervisor(const worker_supervisor&) = delete;
+  worker_supervisor& operator=(const worker_supervisor&) = delete;
+  /// Kills and reaps a worker still running (synchronously: SIGKILL, waitpid).
+  ~worker_supervisor();
+
+  /// Stops for good: asks the worker to exit, kills it if it has not within
+  /// 500 ms, reaps it; observers then see stopped. Idempotent; does not wait.
+  void stop();
+  /// Tests only: asks a worker started with --test-faults to fail this way.
+  void inject_fault(std::uint16_t fault_kind);
+
+  worker_statistics statistics() const;
+  /// The current (or last) worker's last stderr lines, oldest first.
+  std::string stderr_tail() const;
+
+  struct impl;
+  explicit worker_supervisor(std::shared_ptr<impl> p) noexcept : p_(std::move(p)) {}
+
+private:
+  std::shared_ptr<impl> p_;
+};
+
+/// The worker executable: $ATOMR_CUDA_WORKER if set, else
+/// `atomr-cuda-worker` beside this library (a build tree), else in
+/// `<libdir>/../libexec/atomr-accel-cuda/` or `<libdir>/../../libexec/atomr-accel-cuda/`
+/// (an install, multiarch or not). device_unavailable naming the places tried.
+result<std::string> find_worker_executable();
+
+}  // namespace atomr::cuda::detail

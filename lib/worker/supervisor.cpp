@@ -1,0 +1,504 @@
+// worker_supervisor: one GPU worker process started, watched and restarted
+// from the service's io_context (docs/design.md, "Isolated device").
+// std::filesystem, not Boost.Filesystem (a compiled library we do not link).
+// Boost 1.81's Process v2 then still names boost::optional without including it.
+#define BOOST_PROCESS_USE_STD_FS 1
+#define BOOST_PROCESS_V2_HEADER_ONLY 1
+#include <boost/optional.hpp>
+
+#include "protocol.hpp"
+
+#include <atomr/cuda/detail/worker_supervisor.hpp>
+
+#include <boost/asio/bind_executor.hpp>
+#include <boost/asio/local/stream_protocol.hpp>
+#include <boost/asio/post.hpp>
+#include <boost/asio/read.hpp>
+#include <boost/asio/readable_pipe.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <boost/asio/strand.hpp>
+#include <boost/asio/write.hpp>
+#include <boost/process/v2/process.hpp>
+#include <boost/process/v2/stdio.hpp>
+
+#include <dlfcn.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdlib>
+#include <cstring>
+#include <deque>
+#include <filesystem>
+#include <mutex>
+#include <random>
+
+namespace atomr::cuda::detail {
+
+namespace bp = boost::process::v2;
+using local = asio::local::stream_protocol;
+using clock = std::chrono::steady_clock;
+
+namespace {
+
+std::string describe_exit(int raw) {
+  if (WIFSIGNALED(raw)) {
+    const int sig = WTERMSIG(raw);
+    const char* name = ::strsignal(sig);
+    return "killed by signal " + std::to_string(sig) + " (" + (name ? name : "?") + ")";
+  }
+  if (WIFEXITED(raw)) return "exited with status " + std::to_string(WEXITSTATUS(raw));
+  return "ended (wait status " + std::to_string(raw) + ")";
+}
+
+bool is_executable(const std::filesystem::path& p) {
+  std::error_code ec;
+  return std::filesystem::is_regular_file(p, ec) && ::access(p.c_str(), X_OK) == 0;
+}
+
+}  // namespace
+
+result<std::string> find_worker_executable() {
+  if (const char* env = std::getenv("ATOMR_CUDA_WORKER"); env && *env) {
+    if (is_executable(env)) return std::string(env);
+    return make_error(errc::device_unavailable,
+                      std::string("ATOMR_CUDA_WORKER names no executable file: ") + env);
+  }
+  std::vector<std::filesystem::path> tried;
+  Dl_info info{};
+  if (::dladdr(reinterpret_cast<void*>(&find_worker_executable), &info) && info.dli_fname) {
+    const auto dir = std::filesystem::absolute(info.dli_fname).parent_path();
+    tried = {
+        dir / "atomr-cuda-worker",
+        dir.parent_path() / "libexec" / "atomr-accel-cuda" / "atomr-cuda-worker",
+        dir.parent_path().parent_path() / "libexec" / "atomr-accel-cuda" / "atomr-cuda-worker"};
+  }
+  std::string names;
+  for (const auto& p : tried) {
+    if (is_executable(p)) return p.string();
+    names += (names.empty() ? "" : ", ") + p.string();
+  }
+  return make_error(errc::device_unavailable,
+                    "the worker executable atomr-cuda-worker was not found (tried " + names +
+                        "); set ATOMR_CUDA_WORKER to its path");
+}
+
+struct worker_supervisor::impl : std::enable_shared_from_this<impl> {
+  impl(asio::any_io_executor ex, worker_options o, observer f, std::string exe_path)
+      : strand(asio::make_strand(std::move(ex))),
+        opt(std::move(o)),
+        obs(std::move(f)),
+        exe(std::move(exe_path)),
+        budget(opt.budget),
+        timer(strand) {}
+
+  asio::strand<asio::any_io_executor> strand;
+  const worker_options opt;
+  const observer obs;
+  const std::string exe;
+
+  // Guarded by mu (read from any thread).
+  mutable std::mutex mu;
+  worker_statistics stats;
+  std::deque<std::string> tail;
+  std::string partial;
+
+  /// The running child's pid until it is reaped (the public destructor's
+  /// synchronous kill takes it from any thread).
+  std::atomic<int> live_pid{0};
+  std::atomic<bool> stopping{false};
+
+  // The current incarnation: strand only.
+  supervisor budget;
+  std::uint64_t inc = 0;
+  std::unique_ptr<bp::process> proc;
+  std::unique_ptr<local::acceptor> acceptor;
+  std::unique_ptr<local::socket> sock;
+  std::unique_ptr<asio::readable_pipe> err;
+  asio::steady_timer timer;  // start deadline, then heartbeats, then the stop grace
+  bool ended = true;
+  bool reaped = true;
+  bool running = false;
+  std::optional<gpu_error> failure;
+  clock::time_point last_pong{};
+  std::uint64_t next_ping = 1;
+  std::deque<std::vector<std::byte>> outq;
+  bool writing = false;
+  wire::header in_header{};
+  std::vector<char> in_payload;
+  std::array<char, 4096> err_buf{};
+
+  void notify(worker_state s, const std::optional<gpu_error>& e) {
+    worker_event ev;
+    {
+      std::lock_guard lk(mu);
+      stats.state = s;
+      ev.state = s;
+      ev.incarnation = stats.incarnation;
+      ev.pid = stats.pid;
+    }
+    ev.error = e;
+    if (obs) obs(ev);
+  }
+
+  std::string tail_text() const {
+    std::lock_guard lk(mu);
+    std::string t;
+    for (const auto& l : tail) t += l + "\n";
+    if (!partial.empty()) t += partial + "\n";
+    return t;
+  }
+
+  void add_stderr(const char* data, std::size_t n) {
+    std::lock_guard lk(mu);
+    for (std::size_t i = 0; i < n; ++i) {
+      if (data[i] != '\n') {
+        if (partial.size() < 4096) partial += data[i];
+        continue;
+      }
+      tail.push_back(std::move(partial));
+      partial.clear();
+      while (tail.size() > opt.stderr_lines) tail.pop_front();
+    }
+  }
+
+  gpu_error with_tail(errc code, std::string m) const {
+    const auto t = tail_text();
+    if (!t.empty()) m += "; its last stderr lines:\n" + t;
+    return make_error(code, std::move(m));
+  }
+
+  // ---- one incarnation
+
+  void launch() {
+    ++inc;
+    ended = false;
+    reaped = true;
+    running = false;
+    failure.reset();
+    outq.clear();
+    writing = false;
+    {
+      std::lock_guard lk(mu);
+      stats.incarnation = inc;
+      stats.pid = 0;
+      stats.device_status = -1;
+      stats.device_message.clear();
+      tail.clear();
+      partial.clear();
+    }
+    notify(worker_state::starting, std::nullopt);
+    std::random_device rd;
+    const std::string name = "atomr-cuda-" + std::to_string(::getpid()) + "-" +
+                             std::to_string(inc) + "-" + std::to_string(rd());
+    std::vector<std::string> args{"--socket", name, "--ordinal", std::to_string(opt.ordinal)};
+    args.insert(args.end(), opt.extra_args.begin(), opt.extra_args.end());
+    try {
+      acceptor = std::make_unique<local::acceptor>(strand);
+      acceptor->open();
+      acceptor->bind(local::endpoint(std::string(1, '\0') + name));
+      acceptor->listen(1);
+      err = std::make_unique<asio::readable_pipe>(strand);
+      proc = std::make_unique<bp::process>(strand, exe, args, bp::process_stdio{{}, {}, *err});
+    } catch (const std::exception& e) {
+      ended = true;
+      failure =
+          make_error(errc::device_unavailable, "cannot start the worker " + exe + ": " + e.what());
+      finish();
+      return;
+    }
+    reaped = false;
+    live_pid.store(proc->id());
+    {
+      std::lock_guard lk(mu);
+      stats.pid = proc->id();
+    }
+    auto self = shared_from_this();
+    const auto my = inc;
+    read_stderr(my);
+    proc->async_wait(asio::bind_executor(strand, [self, my](boost::system::error_code, int) {
+      if (my != self->inc) return;
+      self->on_exit();
+    }));
+    sock = std::make_unique<local::socket>(strand);
+    acceptor->async_accept(*sock, [self, my](boost::system::error_code ec) {
+      if (my != self->inc || self->ended) return;
+      if (ec)
+        return self->end(
+            make_error(errc::context_poisoned, "the worker's connection failed: " + ec.message()));
+      self->acceptor->close();
+      self->read_hello(my);
+    });
+    timer.expires_after(opt.start_timeout);
+    timer.async_wait([self, my](boost::system::error_code ec) {
+      if (ec || my != self->inc || self->ended || self->running) return;
+      self->end(self->with_tail(
+          errc::timeout, "the worker (pid " + std::to_string(self->proc->id()) +
+                             ") did not answer within " +
+                             std::to_string(self->opt.start_timeout.count()) + " ms of its start"));
+    });
+  }
+
+  void read_stderr(std::uint64_t my) {
+    auto self = shared_from_this();
+    err->async_read_some(asio::buffer(err_buf),
+                         [self, my](boost::system::error_code ec, std::size_t n) {
+                           if (my != self->inc) return;
+                           if (n) self->add_stderr(self->err_buf.data(), n);
+                           if (!ec) self->read_stderr(my);
+                         });
+  }
+
+  void read_hello(std::uint64_t my) {
+    auto self = shared_from_this();
+    read_message(my, [self, my] {
+      if (self->in_header.type != static_cast<std::uint16_t>(wire::kind::hello) ||
+          self->in_payload.size() < sizeof(wire::hello_fixed))
+        return self->end(
+            self->with_tail(errc::library, "the worker's first message was not a hello"));
+      wire::hello_fixed f;
+      std::memcpy(&f, self->in_payload.data(), sizeof f);
+      {
+        std::lock_guard lk(self->mu);
+        self->stats.device_status = f.status;
+        self->stats.device_message.assign(self->in_payload.begin() + sizeof f,
+                                          self->in_payload.end());
+      }
+      self->running = true;
+      self->last_pong = clock::now();
+      self->notify(worker_state::running, std::nullopt);
+      self->heartbeat(my);
+      self->read_loop(my);
+    });
+  }
+
+  /// Reads one message into in_header / in_payload, then calls `next`;
+  /// a read error ends nothing by itself (the exit or the heartbeat will).
+  template <class Next>
+  void read_message(std::uint64_t my, Next next) {
+    auto self = shared_from_this();
+    asio::async_read(
+        *sock, asio::buffer(&in_header, sizeof in_header),
+        [self, my, next](boost::system::error_code ec, std::size_t) {
+          if (ec || my != self->inc || self->ended) return;
+          if (self->in_header.size > wire::max_payload)
+            return self->end(self->with_tail(
+                errc::library,
+                "the worker sent a message of " + std::to_string(self->in_header.size) + " bytes"));
+          self->in_payload.resize(self->in_header.size);
+          asio::async_read(*self->sock, asio::buffer(self->in_payload),
+                           [self, my, next](boost::system::error_code ec2, std::size_t) {
+                             if (ec2 || my != self->inc || self->ended) return;
+                             next();
+                           });
+        });
+  }
+
+  void read_loop(std::uint64_t my) {
+    auto self = shared_from_this();
+    read_message(my, [self, my] {
+      if (self->in_header.type == static_cast<std::uint16_t>(wire::kind::pong)) {
+        self->last_pong = clock::now();
+        std::lock_guard lk(self->mu);
+        ++self->stats.pongs;
+      }
+      self->read_loop(my);
+    });
+  }
+
+  void heartbeat(std::uint64_t my) {
+    const auto silent = clock::now() - last_pong;
+    if (silent > opt.heartbeat_timeout) {
+      const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(silent).count();
+      return end(with_tail(errc::timeout, "the worker (pid " + std::to_string(proc->id()) +
+                                              ") answered no heartbeat for " + std::to_string(ms) +
+                                              " ms: hung"));
+    }
+    send(wire::encode(wire::kind::ping, 0, next_ping++));
+    {
+      std::lock_guard lk(mu);
+      ++stats.pings;
+    }
+    auto self = shared_from_this();
+    timer.expires_after(opt.heartbeat);
+    timer.async_wait([self, my](boost::system::error_code ec) {
+      if (ec || my != self->inc || self->ended) return;
+      self->heartbeat(my);
+    });
+  }
+
+  void send(std::vector<std::byte> msg) {
+    if (!sock || !sock->is_open()) return;
+    outq.push_back(std::move(msg));
+    if (!writing) write_next(inc);
+  }
+
+  void write_next(std::uint64_t my) {
+    if (outq.empty() || my != inc || ended) {
+      writing = false;
+      return;
+    }
+    writing = true;
+    auto self = shared_from_this();
+    asio::async_write(*sock, asio::buffer(outq.front()),
+                      [self, my](boost::system::error_code ec, std::size_t) {
+                        if (my != self->inc) return;
+                        self->outq.pop_front();
+                        if (ec) {
+                          self->writing = false;
+                          return;  // the exit or the heartbeat ends the incarnation
+                        }
+                        self->write_next(my);
+                      });
+  }
+
+  void on_exit() {
+    int raw = 0;
+    if (proc) raw = proc->native_exit_code();
+    reaped = true;
+    live_pid.store(0);
+    // Whatever the child wrote before it died is in the pipe: read it now
+    // (its write end is closed, so this ends at once).
+    if (err && err->is_open()) {
+      boost::system::error_code ec;
+      for (int i = 0; i < 64 && !ec; ++i) {
+        const auto n = err->read_some(asio::buffer(err_buf), ec);
+        if (n) add_stderr(err_buf.data(), n);
+      }
+    }
+    if (!ended) {
+      ended = true;
+      failure = with_tail(errc::context_poisoned, "the worker (pid " + std::to_string(proc->id()) +
+                                                      ") " + describe_exit(raw));
+    }
+    finish();
+  }
+
+  /// Ends the incarnation with `e`: the child is killed if it still runs;
+  /// finish() follows once it has been reaped.
+  void end(gpu_error e) {
+    if (ended) return;
+    ended = true;
+    failure = std::move(e);
+    close_io();
+    if (!reaped && proc) {
+      ::kill(proc->id(), SIGKILL);  // on_exit() reaps it and calls finish()
+      return;
+    }
+    finish();
+  }
+
+  void close_io() {
+    boost::system::error_code ec;
+    timer.cancel();
+    if (acceptor) acceptor->close(ec);
+    if (sock) sock->close(ec);
+  }
+
+  /// After the child has been reaped (or never started): report, then restart or stop.
+  void finish() {
+    close_io();
+    if (err) {
+      boost::system::error_code ec;
+      err->close(ec);
+    }
+    running = false;
+    if (stopping.load()) {
+      notify(worker_state::stopped, std::nullopt);
+      return;
+    }
+    const auto why = failure.value_or(make_error(errc::context_poisoned, "the worker ended"));
+    notify(worker_state::failed, why);
+    const bool can_start = why.code() != errc::device_unavailable;  // no executable: no retry
+    if (can_start && budget.on_failure(errc::context_poisoned) == decision::restart) {
+      {
+        std::lock_guard lk(mu);
+        ++stats.restarts;
+      }
+      notify(worker_state::restarting, why);
+      launch();
+    } else {
+      notify(worker_state::stopped, why);
+    }
+  }
+
+  void stop() {
+    if (stopping.exchange(true)) return;
+    if (ended) {
+      // Between incarnations (never, as finish() restarts at once) or stopped.
+      return;
+    }
+    if (!running) {
+      end(make_error(errc::device_unavailable, "stopped"));
+      return;
+    }
+    // Ask it to exit; kill it if it has not within 500 ms.
+    send(wire::encode(wire::kind::bye, 0, 0));
+    auto self = shared_from_this();
+    const auto my = inc;
+    timer.expires_after(std::chrono::milliseconds(500));
+    timer.async_wait([self, my](boost::system::error_code ec) {
+      if (ec == asio::error::operation_aborted && self->ended) return;
+      if (my == self->inc) self->end(make_error(errc::device_unavailable, "stopped"));
+    });
+  }
+};
+
+result<std::shared_ptr<worker_supervisor>> worker_supervisor::start(asio::any_io_executor ex,
+                                                                    worker_options o,
+                                                                    observer obs) {
+  std::string exe = o.executable;
+  if (exe.empty()) {
+    BOOST_OUTCOME_TRY(exe, find_worker_executable());
+  } else if (!is_executable(exe)) {
+    return make_error(errc::device_unavailable,
+                      "the worker executable " + exe + " does not exist or is not executable");
+  }
+  auto p = std::make_shared<impl>(std::move(ex), std::move(o), std::move(obs), std::move(exe));
+  asio::post(p->strand, [p] { p->launch(); });
+  return std::make_shared<worker_supervisor>(std::move(p));
+}
+
+worker_supervisor::~worker_supervisor() {
+  p_->stopping.store(true);
+  // No worker may outlive its supervisor, even when the io_context no longer
+  // runs: kill and reap it here (the pending handlers then find it gone).
+  if (const int pid = p_->live_pid.exchange(0); pid > 0) {
+    ::kill(pid, SIGKILL);
+    ::waitpid(pid, nullptr, 0);
+  }
+  asio::post(p_->strand, [p = p_] {
+    p->reaped = true;
+    if (!p->ended) {
+      p->ended = true;
+      p->failure = make_error(errc::device_unavailable, "stopped");
+    }
+    p->close_io();
+    if (p->err) {
+      boost::system::error_code ec;
+      p->err->close(ec);
+    }
+  });
+}
+
+void worker_supervisor::stop() {
+  asio::post(p_->strand, [p = p_] { p->stop(); });
+}
+
+void worker_supervisor::inject_fault(std::uint16_t fault_kind) {
+  asio::post(p_->strand, [p = p_, fault_kind] {
+    if (p->running && !p->ended) p->send(wire::encode(wire::kind::fault, fault_kind, 0));
+  });
+}
+
+worker_statistics worker_supervisor::statistics() const {
+  std::lock_guard lk(p_->mu);
+  return p_->stats;
+}
+
+std::string worker_supervisor::stderr_tail() const {
+  return p_->tail_text();
+}
+
+}  // namespace atomr::cuda::detail
