@@ -133,6 +133,20 @@ struct gpu_fixture : io_fixture {
     return out;
   }
 
+  /// A buffer of n floats, every byte 0xFF (NaN), synchronised.
+  gpu_ref<float> nan_floats(std::size_t n) {
+    auto r = alloc<float>(n);
+    REQUIRE(run(fill_bytes(r, 0xFF)));
+    return r;
+  }
+
+#if ATOMR_CUDA_HAS_CUBLAS
+  /// An n x n x n gemm with packed leading dimensions.
+  static gemm_params square(int n) {
+    return {.m = n, .n = n, .k = n, .lda = n, .ldb = n, .ldc = n};
+  }
+#endif
+
   /// Runs the io_context until the device has released every parked keep-alive.
   void drain_parked() {
     for (int i = 0; i < 2000 && dev.statistics().parked > 0; ++i) {

@@ -29,13 +29,6 @@ namespace {
 struct compose_fixture : gpu_fixture {
   blas_actor blas = blas_actor::create(dev).value();
 
-  /// A buffer of n floats, every byte 0xFF (NaN), synchronised.
-  gpu_ref<float> nan_floats(std::size_t n) {
-    auto r = alloc<float>(n);
-    REQUIRE(run(fill_bytes(r, 0xFF)));
-    return r;
-  }
-  gemm_params square(int n) const { return {.m = n, .n = n, .k = n, .lda = n, .ldb = n, .ldc = n}; }
   /// Every counter a unit moves, back where it was once `before` was taken.
   void check_settled(const device_statistics& before, std::uint64_t completed,
                      std::uint64_t failed) {

@@ -30,12 +30,6 @@ namespace {
 struct graph_fixture : gpu_fixture {
   blas_actor blas = blas_actor::create(dev).value();
 
-  gemm_params square(int n) const { return {.m = n, .n = n, .k = n, .lda = n, .ldb = n, .ldc = n}; }
-  gpu_ref<float> nan_floats(std::size_t n) {
-    auto r = alloc<float>(n);
-    REQUIRE(run(fill_bytes(r, 0xFF)));
-    return r;
-  }
   pinned_buffer<float> pinned(std::size_t n) { return dev.allocate_pinned<float>(n).value(); }
   static void put(pinned_buffer<float>& p, const std::vector<float>& v) {
     std::memcpy(static_cast<void*>(p.data()), v.data(), v.size() * sizeof(float));
