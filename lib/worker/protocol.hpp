@@ -26,8 +26,8 @@ enum class fault_kind : std::uint16_t {
   abort_process = 1,    ///< std::abort(): dies with SIGABRT
   kill_self = 2,        ///< SIGKILL to itself (as the OOM killer would)
   hang = 3,             ///< stops answering anything, forever (a kernel that never ends)
-  illegal_address = 4,  ///< a kernel writing to address 0x10 (needs a GPU)
   exit_cleanly = 5,     ///< exits with status 0 (a worker that quits on its own)
+  // 4 is kept for the illegal-address fault, which comes with the GPU work path.
 };
 
 struct header {

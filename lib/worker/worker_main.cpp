@@ -7,7 +7,8 @@
 // Usage: atomr-cuda-worker --socket NAME [--ordinal N] [--no-cuda] [--test-faults]
 //   --no-cuda      do not touch CUDA (the hello reports device_unavailable):
 //                  for the supervision tests on machines without a GPU
-//   --test-faults  accept the fault-injection message (tests only)
+//   --test-faults  accept the fault-injection message (tests only): abort,
+//                  SIGKILL, hang, clean exit
 #include "protocol.hpp"
 
 #include <atomr/cuda/error.hpp>
@@ -74,13 +75,12 @@ std::pair<int, std::string> open_device(const args& a) {
       break;
     case wire::fault_kind::exit_cleanly:
       std::exit(0);
-    case wire::fault_kind::illegal_address:
     case wire::fault_kind::hang:
-      break;
+      // Stops answering, which is what a kernel that never ends looks like.
+      for (;;) std::this_thread::sleep_for(std::chrono::hours(1));
   }
-  // hang (and illegal_address until the worker runs GPU work: it stops
-  // answering, which is what a kernel that never ends looks like).
-  for (;;) std::this_thread::sleep_for(std::chrono::hours(1));
+  std::fprintf(stderr, "atomr-cuda-worker: unknown fault %d\n", static_cast<int>(f));
+  std::exit(66);
 }
 
 }  // namespace
