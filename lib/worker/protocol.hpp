@@ -23,10 +23,10 @@ enum class kind : std::uint16_t {
 
 /// Faults a worker started with --test-faults injects on request.
 enum class fault_kind : std::uint16_t {
-  abort_process = 1,    ///< std::abort(): dies with SIGABRT
-  kill_self = 2,        ///< SIGKILL to itself (as the OOM killer would)
-  hang = 3,             ///< stops answering anything, forever (a kernel that never ends)
-  exit_cleanly = 5,     ///< exits with status 0 (a worker that quits on its own)
+  abort_process = 1,  ///< std::abort(): dies with SIGABRT
+  kill_self = 2,      ///< SIGKILL to itself (as the OOM killer would)
+  hang = 3,           ///< stops answering anything, forever (a kernel that never ends)
+  exit_cleanly = 5,   ///< exits with status 0 (a worker that quits on its own)
   // 4 is kept for the illegal-address fault, which comes with the GPU work path.
 };
 
