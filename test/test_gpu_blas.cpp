@@ -671,11 +671,14 @@ double gelu_tanh(double x) {
   return 0.5 * x * (1.0 + std::tanh(0.7978845608028654 * (x + 0.044715 * x * x * x)));
 }
 
-/// One gemm_fused call against the double-precision reference: relative L2 error.
+/// One gemm_fused call against the double-precision reference: relative L2
+/// error. `pad`: elements added to every leading dimension; the rows of C in
+/// its padding must come back untouched.
 template <class T>
-double fused_error(blas_fixture& f, gemm_epilogue e, blas_op ta, blas_op tb) {
+double fused_error(blas_fixture& f, gemm_epilogue e, blas_op ta, blas_op tb, int pad) {
   constexpr int m = 37, n = 29, k = 64;
-  const int lda = ta == blas_op::n ? m : k, ldb = tb == blas_op::n ? k : n, ldc = m;
+  const int lda = (ta == blas_op::n ? m : k) + pad, ldb = (tb == blas_op::n ? k : n) + pad,
+            ldc = m + pad;
   const auto av = random_values<T>(std::size_t(lda) * (ta == blas_op::n ? k : m), 21);
   const auto bv = random_values<T>(std::size_t(ldb) * (tb == blas_op::n ? n : k), 22);
   const auto cv = random_values<T>(std::size_t(ldc) * n, 23);
@@ -716,6 +719,13 @@ double fused_error(blas_fixture& f, gemm_epilogue e, blas_op ta, blas_op tb) {
       num += d * d;
       den += x * x;
     }
+  std::size_t padding_changed = 0;
+  for (int j = 0; j < n; ++j)
+    for (int i = m; i < ldc; ++i) {
+      const auto at = i + std::size_t(j) * ldc;
+      padding_changed += std::memcmp(&out[at], &cv[at], sizeof(T)) != 0;
+    }
+  CHECK(padding_changed == 0);
   return std::sqrt(num / den);
 }
 
@@ -724,18 +734,21 @@ void check_fused_all(blas_fixture& f) {
   for (auto e : {gemm_epilogue::bias, gemm_epilogue::relu, gemm_epilogue::gelu,
                  gemm_epilogue::bias_relu, gemm_epilogue::bias_gelu})
     for (auto ta : {blas_op::n, blas_op::t})
-      for (auto tb : {blas_op::n, blas_op::t}) {
-        CAPTURE(to_string(e));
-        CAPTURE(static_cast<int>(ta));
-        CAPTURE(static_cast<int>(tb));
-        CHECK(fused_error<T>(f, e, ta, tb) < tolerance<T>());
-      }
+      for (auto tb : {blas_op::n, blas_op::t})
+        for (int pad : {0, 8}) {
+          CAPTURE(to_string(e));
+          CAPTURE(static_cast<int>(ta));
+          CAPTURE(static_cast<int>(tb));
+          CAPTURE(pad);
+          CHECK(fused_error<T>(f, e, ta, tb, pad) < tolerance<T>());
+        }
 }
 
 }  // namespace
 
 TEST_CASE_FIXTURE(blas_fixture,
-                  "gemm_fused: every epilogue, f32, f16 and bf16, against a double reference") {
+                  "gemm_fused: every epilogue, f32, f16 and bf16, packed and padded leading "
+                  "dimensions, against a double reference") {
   SUBCASE("f32") {
     check_fused_all<float>(*this);
   }
