@@ -5,6 +5,8 @@
 #include "io_fixture.hpp"
 
 #include <atomr/cuda/detail/worker_supervisor.hpp>
+
+#include "../lib/worker/protocol.hpp"
 #include <doctest/doctest.h>
 
 #include <signal.h>
@@ -14,6 +16,7 @@
 #include <cerrno>
 #include <chrono>
 #include <cstdlib>
+#include <filesystem>
 #include <functional>
 #include <mutex>
 #include <string>
@@ -209,6 +212,59 @@ TEST_CASE_FIXTURE(worker_fixture,
   CHECK(gone(pid));
   run_until([] { return false; }, 100ms);  // the pending handlers find it gone
   CHECK(count(worker_state::restarting) == 0);
+}
+
+namespace {
+/// Entries this process left in /dev/shm (the arenas are named after its pid).
+std::size_t shm_entries() {
+  std::size_t n = 0;
+  const std::string prefix = "atomr-cuda-" + std::to_string(::getpid()) + "-";
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator("/dev/shm", ec))
+    n += e.path().filename().string().rfind(prefix, 0) == 0;
+  return n;
+}
+}  // namespace
+
+TEST_CASE_FIXTURE(worker_fixture,
+                  "worker arena: bytes written here are read by the worker (shared memory); "
+                  "ranges checked here; nothing left in /dev/shm") {
+  auto o = options();
+  o.arena_bytes = std::size_t{4} << 20;
+  auto w = start(o);
+  REQUIRE(run_until([&] { return running_incarnation(w, 1); }));
+  CHECK(w->statistics().arena_mapped);
+  CHECK(shm_entries() == 0);  // the name goes once the worker has mapped it
+  auto a = w->arena();
+  REQUIRE(a.data);
+  REQUIRE(a.size >= o.arena_bytes);
+  for (std::size_t i = 0; i < o.arena_bytes; ++i)
+    a.data[i] = static_cast<std::byte>((i * 2654435761u) >> 13);
+  std::optional<result<std::uint64_t>> got, bad;
+  const std::size_t off = 4096 + 3, len = (std::size_t{3} << 20) + 5;
+  w->arena_checksum(off, len, [&](result<std::uint64_t> r) { got.emplace(r); });
+  w->arena_checksum(o.arena_bytes - 4, 8, [&](result<std::uint64_t> r) { bad.emplace(r); });
+  REQUIRE(run_until([&] { return got && bad; }));
+  REQUIRE_MESSAGE(*got, (*got ? "" : got->error().message()));
+  CHECK(got->value() == wire::fnv1a(a.data + off, len));
+  REQUIRE_FALSE(*bad);
+  CHECK(bad->error().code() == errc::invalid_argument);
+
+  // A request to a hung worker fails when the hang is found: it never hangs itself.
+  w->inject_fault(3);
+  std::optional<result<std::uint64_t>> stuck;
+  w->arena_checksum(0, 16, [&](result<std::uint64_t> r) { stuck.emplace(r); });
+  REQUIRE(run_until([&] { return stuck.has_value(); }));
+  REQUIRE_FALSE(*stuck);
+  CHECK(stuck->error().code() == errc::timeout);
+  // The next worker has an arena of its own; the old mapping stays valid here.
+  REQUIRE(run_until([&] { return running_incarnation(w, 2); }));
+  CHECK(w->arena().incarnation == 2);
+  CHECK(w->arena().data != nullptr);
+  a.data[0] = std::byte{1};
+  w->stop();
+  REQUIRE(run_until([&] { return w->statistics().state == worker_state::stopped; }));
+  CHECK(shm_entries() == 0);
 }
 
 TEST_CASE_FIXTURE(worker_fixture, "worker: a missing executable fails at once") {

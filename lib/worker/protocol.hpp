@@ -19,6 +19,11 @@ enum class kind : std::uint16_t {
   pong = 3,   ///< worker -> service
   fault = 4,  ///< service -> worker, test-only (--test-faults): `arg` is a fault_kind
   bye = 5,    ///< service -> worker: exit now (the service is stopping the worker)
+  /// service -> worker, test-only (--test-faults): the FNV-1a hash of the
+  /// shared arena's bytes [offset, offset + length) (payload: two u64)
+  checksum = 6,
+  /// worker -> service: `id` echoed; arg 0 and a u64 hash, or arg 1 (bad range)
+  checksum_result = 7,
 };
 
 /// Faults a worker started with --test-faults injects on request.
@@ -46,7 +51,20 @@ inline constexpr std::uint32_t max_payload = 1u << 20;
 struct hello_fixed {
   std::int32_t pid = 0;
   std::int32_t status = 0;
+  std::int32_t arena_mapped = 0;  ///< 1: the shared arena is mapped in the worker
+  std::int32_t reserved = 0;
 };
+
+/// FNV-1a over `n` bytes (the checksum message's answer).
+inline std::uint64_t fnv1a(const void* p, std::size_t n) {
+  std::uint64_t h = 0xcbf29ce484222325ull;
+  const auto* b = static_cast<const unsigned char*>(p);
+  for (std::size_t i = 0; i < n; ++i) {
+    h ^= b[i];
+    h *= 0x100000001b3ull;
+  }
+  return h;
+}
 
 inline std::vector<std::byte> encode(kind k, std::uint16_t arg, std::uint64_t id,
                                      std::string_view payload = {}) {
@@ -61,8 +79,9 @@ inline std::vector<std::byte> encode(kind k, std::uint16_t arg, std::uint64_t id
   return out;
 }
 
-inline std::string hello_payload(std::int32_t pid, std::int32_t status, std::string_view message) {
-  hello_fixed f{pid, status};
+inline std::string hello_payload(std::int32_t pid, std::int32_t status, bool arena,
+                                 std::string_view message) {
+  hello_fixed f{pid, status, arena ? 1 : 0, 0};
   std::string p(sizeof f, '\0');
   std::memcpy(p.data(), &f, sizeof f);
   p.append(message);

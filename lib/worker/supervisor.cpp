@@ -18,6 +18,8 @@
 #include <boost/asio/steady_timer.hpp>
 #include <boost/asio/strand.hpp>
 #include <boost/asio/write.hpp>
+#include <boost/interprocess/mapped_region.hpp>
+#include <boost/interprocess/shared_memory_object.hpp>
 #include <boost/process/v2/process.hpp>
 #include <boost/process/v2/stdio.hpp>
 
@@ -31,6 +33,7 @@
 #include <cstring>
 #include <deque>
 #include <filesystem>
+#include <map>
 #include <mutex>
 #include <random>
 
@@ -125,6 +128,12 @@ struct worker_supervisor::impl : std::enable_shared_from_this<impl> {
   std::uint64_t next_ping = 1;
   std::deque<std::vector<std::byte>> outq;
   bool writing = false;
+  /// The arena of the current incarnation; its name until the worker said
+  /// it mapped it (then the name is removed: nothing is left in /dev/shm).
+  worker_arena shared;  // guarded by mu (read by arena())
+  std::string arena_name;
+  std::uint64_t next_request = 1;
+  std::map<std::uint64_t, std::function<void(result<std::uint64_t>)>> pending;
   wire::header in_header{};
   std::vector<char> in_payload;
   std::array<char, 4096> err_buf{};
@@ -195,6 +204,20 @@ struct worker_supervisor::impl : std::enable_shared_from_this<impl> {
     std::vector<std::string> args{"--socket", name, "--ordinal", std::to_string(opt.ordinal)};
     args.insert(args.end(), opt.extra_args.begin(), opt.extra_args.end());
     try {
+      if (opt.arena_bytes > 0) {
+        namespace ipc = boost::interprocess;
+        arena_name = "/" + name;
+        ipc::shared_memory_object shm(ipc::create_only, arena_name.c_str(), ipc::read_write);
+        shm.truncate(static_cast<ipc::offset_t>(opt.arena_bytes));
+        auto region = std::make_shared<ipc::mapped_region>(shm, ipc::read_write);
+        std::lock_guard lk(mu);
+        shared.data = static_cast<std::byte*>(region->get_address());
+        shared.size = region->get_size();
+        shared.incarnation = inc;
+        shared.keep = std::move(region);
+        args.insert(args.end(),
+                    {"--arena", arena_name, "--arena-bytes", std::to_string(opt.arena_bytes)});
+      }
       acceptor = std::make_unique<local::acceptor>(strand);
       acceptor->open();
       acceptor->bind(local::endpoint(std::string(1, '\0') + name));
@@ -259,8 +282,10 @@ struct worker_supervisor::impl : std::enable_shared_from_this<impl> {
             self->with_tail(errc::library, "the worker's first message was not a hello"));
       wire::hello_fixed f;
       std::memcpy(&f, self->in_payload.data(), sizeof f);
+      self->remove_arena_name();
       {
         std::lock_guard lk(self->mu);
+        self->stats.arena_mapped = f.arena_mapped != 0;
         self->stats.device_status = f.status;
         self->stats.device_message.assign(self->in_payload.begin() + sizeof f,
                                           self->in_payload.end());
@@ -302,6 +327,19 @@ struct worker_supervisor::impl : std::enable_shared_from_this<impl> {
         self->last_pong = clock::now();
         std::lock_guard lk(self->mu);
         ++self->stats.pongs;
+      } else if (self->in_header.type == static_cast<std::uint16_t>(wire::kind::checksum_result)) {
+        auto it = self->pending.find(self->in_header.id);
+        if (it != self->pending.end()) {
+          auto done = std::move(it->second);
+          self->pending.erase(it);
+          std::uint64_t hash = 0;
+          if (self->in_header.arg != 0 || self->in_payload.size() < sizeof hash) {
+            done(make_error(errc::invalid_argument, "the worker refused the arena range"));
+          } else {
+            std::memcpy(&hash, self->in_payload.data(), sizeof hash);
+            done(hash);
+          }
+        }
       }
       self->read_loop(my);
     });
@@ -389,6 +427,18 @@ struct worker_supervisor::impl : std::enable_shared_from_this<impl> {
     finish();
   }
 
+  void remove_arena_name() {
+    if (!arena_name.empty()) boost::interprocess::shared_memory_object::remove(arena_name.c_str());
+    arena_name.clear();
+  }
+
+  /// Every request still waiting for this worker fails with `e`, at once.
+  void fail_pending(const gpu_error& e) {
+    auto waiting = std::move(pending);
+    pending.clear();
+    for (auto& [id, done] : waiting) done(e);
+  }
+
   void close_io() {
     boost::system::error_code ec;
     timer.cancel();
@@ -399,6 +449,12 @@ struct worker_supervisor::impl : std::enable_shared_from_this<impl> {
   /// After the child has been reaped (or never started): report, then restart or stop.
   void finish() {
     close_io();
+    remove_arena_name();
+    {
+      std::lock_guard lk(mu);
+      shared = {};  // a user's worker_arena keeps its mapping alive
+    }
+    fail_pending(failure.value_or(make_error(errc::device_unavailable, "stopped")));
     if (err) {
       boost::system::error_code ec;
       err->close(ec);
@@ -475,6 +531,7 @@ worker_supervisor::~worker_supervisor() {
       p->failure = make_error(errc::device_unavailable, "stopped");
     }
     p->close_io();
+    p->remove_arena_name();
     if (p->err) {
       boost::system::error_code ec;
       p->err->close(ec);
@@ -490,6 +547,30 @@ void worker_supervisor::inject_fault(std::uint16_t fault_kind) {
   asio::post(p_->strand, [p = p_, fault_kind] {
     if (p->running && !p->ended) p->send(wire::encode(wire::kind::fault, fault_kind, 0));
   });
+}
+
+void worker_supervisor::arena_checksum(std::uint64_t offset, std::uint64_t length,
+                                       std::function<void(result<std::uint64_t>)> done) {
+  asio::post(p_->strand, [p = p_, offset, length, done = std::move(done)]() mutable {
+    if (!p->running || p->ended)
+      return done(make_error(errc::device_unavailable, "arena_checksum: no worker is running"));
+    const std::size_t size = p->opt.arena_bytes;
+    if (offset > size || length > size - offset)
+      return done(make_error(errc::invalid_argument, "arena_checksum: [" + std::to_string(offset) +
+                                                         ", +" + std::to_string(length) +
+                                                         ") is outside the arena of " +
+                                                         std::to_string(size) + " bytes"));
+    const auto id = p->next_request++;
+    p->pending.emplace(id, std::move(done));
+    const std::uint64_t range[2] = {offset, length};
+    p->send(wire::encode(wire::kind::checksum, 0, id,
+                         std::string_view(reinterpret_cast<const char*>(range), sizeof range)));
+  });
+}
+
+worker_arena worker_supervisor::arena() const {
+  std::lock_guard lk(p_->mu);
+  return p_->shared;
 }
 
 worker_statistics worker_supervisor::statistics() const {

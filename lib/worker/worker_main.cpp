@@ -4,7 +4,11 @@
 // answers heartbeats and exits when the service closes the connection, so it
 // never outlives its service. Not meant to be started by hand.
 //
-// Usage: atomr-cuda-worker --socket NAME [--ordinal N] [--no-cuda] [--test-faults]
+// Usage: atomr-cuda-worker --socket NAME [--ordinal N] [--arena NAME --arena-bytes N]
+//                          [--no-cuda] [--test-faults]
+//   --arena        a POSIX shared memory object the service made: the bulk data
+//                  path (mapped here; registered as pinned memory with the GPU
+//                  work path, not built yet)
 //   --no-cuda      do not touch CUDA (the hello reports device_unavailable):
 //                  for the supervision tests on machines without a GPU
 //   --test-faults  accept the fault-injection message (tests only): abort,
@@ -17,6 +21,8 @@
 #include <boost/asio/local/stream_protocol.hpp>
 #include <boost/asio/read.hpp>
 #include <boost/asio/write.hpp>
+#include <boost/interprocess/mapped_region.hpp>
+#include <boost/interprocess/shared_memory_object.hpp>
 
 #include <cuda_runtime_api.h>
 #include <signal.h>
@@ -27,6 +33,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <memory>
 #include <thread>
 
 namespace asio = boost::asio;
@@ -37,6 +44,8 @@ namespace {
 
 struct args {
   std::string socket;
+  std::string arena;
+  std::uint64_t arena_bytes = 0;
   int ordinal = 0;
   bool no_cuda = false;
   bool test_faults = false;
@@ -91,6 +100,10 @@ int main(int argc, char** argv) {
     const std::string s = argv[i];
     if (s == "--socket" && i + 1 < argc)
       a.socket = argv[++i];
+    else if (s == "--arena" && i + 1 < argc)
+      a.arena = argv[++i];
+    else if (s == "--arena-bytes" && i + 1 < argc)
+      a.arena_bytes = std::strtoull(argv[++i], nullptr, 10);
     else if (s == "--ordinal" && i + 1 < argc)
       a.ordinal = std::atoi(argv[++i]);
     else if (s == "--no-cuda")
@@ -112,11 +125,25 @@ int main(int argc, char** argv) {
                  ec.message().c_str());
     return 69;
   }
+  // The shared arena: mapped before the hello, so that the service may
+  // remove its name once the hello says it is mapped.
+  std::unique_ptr<boost::interprocess::mapped_region> arena;
+  if (!a.arena.empty()) {
+    namespace ipc = boost::interprocess;
+    try {
+      ipc::shared_memory_object shm(ipc::open_only, a.arena.c_str(), ipc::read_write);
+      arena = std::make_unique<ipc::mapped_region>(shm, ipc::read_write, 0, a.arena_bytes);
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "atomr-cuda-worker: cannot map the arena %s: %s\n", a.arena.c_str(),
+                   e.what());
+    }
+  }
   const auto [status, message] = open_device(a);
   if (status != 0) std::fprintf(stderr, "atomr-cuda-worker: %s\n", message.c_str());
   asio::write(sock,
-              asio::buffer(wire::encode(wire::kind::hello, 0, 0,
-                                        wire::hello_payload(::getpid(), status, message))),
+              asio::buffer(
+                  wire::encode(wire::kind::hello, 0, 0,
+                               wire::hello_payload(::getpid(), status, arena != nullptr, message))),
               ec);
   if (ec) return 70;
 
@@ -139,6 +166,23 @@ int main(int argc, char** argv) {
         break;
       case wire::kind::bye:
         return 0;
+      case wire::kind::checksum: {
+        if (!a.test_faults) break;
+        std::uint64_t range[2] = {0, 0};
+        if (payload.size() >= sizeof range) std::memcpy(range, payload.data(), sizeof range);
+        const bool ok =
+            arena && range[0] <= arena->get_size() && range[1] <= arena->get_size() - range[0];
+        std::uint64_t hash = 0;
+        if (ok)
+          hash = wire::fnv1a(static_cast<const char*>(arena->get_address()) + range[0], range[1]);
+        asio::write(sock,
+                    asio::buffer(wire::encode(
+                        wire::kind::checksum_result, ok ? 0 : 1, h.id,
+                        std::string_view(reinterpret_cast<const char*>(&hash), sizeof hash))),
+                    ec);
+        if (ec) return 0;
+        break;
+      }
       case wire::kind::fault:
         if (!a.test_faults) {
           std::fprintf(stderr, "atomr-cuda-worker: fault injection refused (no --test-faults)\n");

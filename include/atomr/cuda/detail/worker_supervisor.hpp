@@ -38,6 +38,19 @@ struct worker_options {
   std::chrono::milliseconds start_timeout{20000};
   /// The worker's last stderr lines kept for error messages.
   std::size_t stderr_lines = 20;
+  /// Bytes of the shared arena (POSIX shared memory made per worker, mapped
+  /// by both processes: the bulk data path); 0: none.
+  std::size_t arena_bytes = std::size_t{64} << 20;
+};
+
+/// The current worker's shared arena as mapped in this process. `keep` holds
+/// the mapping: it stays valid after its worker is gone (a new worker gets a
+/// new arena).
+struct worker_arena {
+  std::shared_ptr<void> keep;
+  std::byte* data = nullptr;
+  std::size_t size = 0;
+  std::uint64_t incarnation = 0;
 };
 
 enum class worker_state : std::uint8_t {
@@ -64,6 +77,7 @@ struct worker_statistics {
   std::uint64_t restarts = 0;
   int pid = 0;
   std::uint64_t pings = 0, pongs = 0;
+  bool arena_mapped = false;  ///< the worker's hello said it mapped the arena
   /// The device status the current worker reported in its hello (errc as an
   /// int; 0: opened), and its message.
   int device_status = -1;
@@ -97,6 +111,17 @@ public:
   void stop();
   /// Tests only: asks a worker started with --test-faults to fail this way.
   void inject_fault(std::uint16_t fault_kind);
+
+  /// Tests and diagnostics (a worker started with --test-faults): the FNV-1a
+  /// hash of arena bytes [offset, offset + length) as the worker reads them.
+  /// `done` runs on the io_context with the hash, invalid_argument for a
+  /// range outside the arena (checked here, nothing sent), device_unavailable
+  /// when no worker runs, or the worker's failure if it ends first: a pending
+  /// request never hangs.
+  void arena_checksum(std::uint64_t offset, std::uint64_t length,
+                      std::function<void(result<std::uint64_t>)> done);
+  /// The current worker's arena (empty before the first hello and after stop).
+  worker_arena arena() const;
 
   worker_statistics statistics() const;
   /// The current (or last) worker's last stderr lines, oldest first.
