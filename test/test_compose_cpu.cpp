@@ -109,6 +109,14 @@ asio::awaitable<result<int>> ordered_step(std::vector<int>* order, int id, bool*
   order->push_back(id);
   co_return id;
 }
+/// A step that says it is waiting, then waits 10 s on a timer (cancellable).
+asio::awaitable<result<int>> waiting_step(std::vector<int>* order, int id, bool* waiting) {
+  asio::steady_timer t(co_await asio::this_coro::executor, std::chrono::seconds(10));
+  *waiting = true;
+  co_await t.async_wait(asio::use_awaitable);
+  order->push_back(id);
+  co_return id;
+}
 asio::awaitable<result<int>> failing_step(std::vector<int>* order, int id) {
   order->push_back(id);
   co_return make_error(errc::invalid_argument, "bad shape");
@@ -189,17 +197,20 @@ TEST_CASE_FIXTURE(io_fixture,
   bool seen = false;
   std::tuple<std::optional<result<int>>, std::optional<result<int>>> got;
   std::optional<std::optional<gpu_error>> failed;
+  bool waiting = false;
   asio::cancellation_signal sig;
   asio::co_spawn(
       ioc,
       [&]() -> asio::awaitable<void> {
-        failed.emplace(co_await run_steps<int, int>(&rec, got, ordered_step(&order, 1, &seen, true),
+        failed.emplace(co_await run_steps<int, int>(&rec, got, waiting_step(&order, 1, &waiting),
                                                     ordered_step(&order, 2, &seen, false)));
       },
       asio::bind_cancellation_slot(sig.slot(), asio::detached));
-  ioc.run_for(std::chrono::microseconds(200));
+  // Cancel only once step 1 waits (a fixed delay raced with slow builds: ASan).
+  for (int i = 0; i < 1000 && !waiting; ++i) ioc.run_one_for(std::chrono::milliseconds(5));
+  REQUIRE(waiting);
   sig.emit(asio::cancellation_type::terminal);
-  ioc.run_for(std::chrono::seconds(2));
+  for (int i = 0; i < 1000 && !failed; ++i) ioc.run_one_for(std::chrono::milliseconds(5));
   REQUIRE(failed);
   REQUIRE(*failed);
   CHECK((*failed)->code() == errc::cancelled);
