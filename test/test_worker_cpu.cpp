@@ -45,7 +45,7 @@ struct worker_fixture : io_fixture {
     worker_options o;
     o.extra_args = std::move(extra);
     o.heartbeat = 20ms;
-    o.heartbeat_timeout = 400ms;
+    o.heartbeat_timeout = 1000ms;  // generous: a loaded CI machine must not look hung
     o.start_timeout = 10s;
     return o;
   }
