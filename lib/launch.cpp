@@ -160,11 +160,6 @@ result<void*> unit_capture::workspace(std::size_t bytes) {
 }
 
 result<void> check_recordable(const unit_capture& c, std::string_view library, const stream& s) {
-  if (library == "curand")
-    return make_error(errc::not_supported,
-                      "curand: cuRAND generators cannot be recorded into a CUDA graph (each call "
-                      "advances the generator's state on the host); run them outside the "
-                      "recording");
   if (s && s.state()->owner != c.on.state()->owner)
     return make_error(errc::invalid_argument,
                       std::string(library) + ": a step on another device than the recording's");
@@ -173,6 +168,8 @@ result<void> check_recordable(const unit_capture& c, std::string_view library, c
 
 std::optional<gpu_error> capture_refusal(const unit_capture& c, std::string_view library,
                                          const gpu_error* failed) {
+  // A device that does not accept work: its own error stands (no CUDA call).
+  if (!c.on.state()->owner->check_accepting()) return std::nullopt;
   cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
   const auto e = cudaStreamIsCapturing(c.on.native_handle(), &status);
   // Not a capture problem (a fault, say): reported as such, and probed by launch::fail.

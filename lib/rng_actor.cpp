@@ -4,6 +4,8 @@
 #include "atomr/cuda/detail/actor_core.hpp"
 #include "atomr/cuda/run_kernel.hpp"
 
+#include <boost/asio/this_coro.hpp>
+
 #include <algorithm>
 #include <atomic>
 #include <cmath>
@@ -343,6 +345,13 @@ asio::awaitable<result<gpu_ref<T>>> generate(std::shared_ptr<rng_state> st, std:
   if (auto ok = st->accepting(); !ok) co_return ok.error().tagged(k_lib);
   if (auto ok = check_ref(op, "out", out, st->dev, 0); !ok) co_return ok.error().tagged(k_lib);
   if (!pre) co_return pre.error().tagged(k_lib);
+  if (auto* unit = detail::unit_of(co_await asio::this_coro::executor); unit && unit->capture)
+    co_return make_error(errc::not_supported,
+                         "curand: " + std::string(op) +
+                             ": cuRAND generators cannot be recorded into a CUDA graph (each "
+                             "call advances the generator's state on the host); run them "
+                             "outside the recording")
+        .tagged(k_lib);
   auto& lane = st->lane(out.state().get());
   co_return co_await run_kernel(
       k_lib, lane.strm, st->how, out, [&](launch& l) -> result<std::shared_ptr<generator>> {

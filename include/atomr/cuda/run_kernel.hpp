@@ -221,14 +221,28 @@ auto call_enqueue(F& f, launch& l) {
 /// other streams wait on it through the buffers' stamps), and the keep-alive
 /// with the output handed to the unit, which waits once for all its steps.
 /// Never the batch path: the enqueue runs now, in step order.
-/// Inside a recording: not_supported for what cannot be recorded (cuRAND), and
-/// invalid_argument for a step on a stream of another device than the recording's.
+/// Inside a recording: invalid_argument for a step on a stream of another
+/// device than the recording's. (What cannot be recorded at all, cuRAND, is
+/// refused by its actor before it gets here.)
 result<void> check_recordable(const unit_capture& c, std::string_view library, const stream& s);
 /// Inside a recording, after a step's enqueue (`failed`: its error, or null):
 /// not_supported naming `library` when the capture was invalidated (a call
 /// that cannot be captured), else nothing.
 std::optional<gpu_error> capture_refusal(const unit_capture& c, std::string_view library,
                                          const gpu_error* failed);
+
+/// What both unit paths do before their own ending: the checks of `l`'s
+/// device, `how` and `output`, then the enqueue, with the device current.
+/// Errors are returned unfailed: the caller ends `l` with them.
+template <class O, class Enqueue>
+auto checked_enqueue(launch& l, completion how, const O& output, Enqueue& enqueue)
+    -> decltype(call_enqueue(enqueue, l)) {
+  BOOST_OUTCOME_TRY(l.begin());
+  BOOST_OUTCOME_TRY(check_completion(how));
+  BOOST_OUTCOME_TRY(declare_output(l, output));
+  BOOST_OUTCOME_TRY(l.make_current());
+  return call_enqueue(enqueue, l);
+}
 
 /// run_kernel inside a recording (graph.hpp, docs/design.md "Recorded units"):
 /// the same checks and enqueue on the recording's stream, which is captured,
@@ -239,11 +253,7 @@ result<O> record_in_unit(unit_capture& c, std::string_view library, const stream
                          O output, Enqueue& enqueue) {
   BOOST_OUTCOME_TRY(check_recordable(c, library, s));
   launch l(c.on, library, c);
-  if (auto ok = l.begin(); !ok) return l.fail(ok.error());
-  if (auto ok = check_completion(how); !ok) return l.fail(ok.error());
-  if (auto ok = declare_output(l, output); !ok) return l.fail(ok.error());
-  if (auto ok = l.make_current(); !ok) return l.fail(ok.error());
-  auto keep = call_enqueue(enqueue, l);
+  auto keep = checked_enqueue(l, how, output, enqueue);
   if (auto refused = capture_refusal(c, library, keep ? nullptr : &keep.error()))
     return l.fail(std::move(*refused));
   if (!keep) return l.fail(keep.error());
@@ -259,11 +269,7 @@ result<O> enqueue_in_unit(unit_recorder& u, std::string_view library, stream s, 
   static_assert(std::is_copy_constructible_v<O>, "a unit keeps a copy of each step's output");
   if (u.capture) return record_in_unit(*u.capture, library, s, how, std::move(output), enqueue);
   launch l(std::move(s), library);
-  if (auto ok = l.begin(); !ok) return l.fail(ok.error());
-  if (auto ok = check_completion(how); !ok) return l.fail(ok.error());
-  if (auto ok = declare_output(l, output); !ok) return l.fail(ok.error());
-  if (auto ok = l.make_current(); !ok) return l.fail(ok.error());
-  auto keep = call_enqueue(enqueue, l);
+  auto keep = checked_enqueue(l, how, output, enqueue);
   if (!keep) return l.fail(keep.error());
   auto done = l.commit(false);
   if (!done) return l.fail(done.error());
