@@ -23,6 +23,7 @@
 #include <cstring>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -153,6 +154,12 @@ struct lib_slot {
   // graph's copy nodes read and write them), and its unit, recorded once.
   pinned_buffer<float> in, out;
   recorded_unit graph, fused_graph;
+  // composed_own (a diagnostic): actors of this slot alone, one lane each on
+  // a fresh stream, and a stream for the upload, so that no two requests
+  // share a stream (as raw's threads do not); made at the slot's first use.
+  std::optional<blas_actor> own_blas;
+  std::optional<cudnn_actor> own_dnn;
+  stream own_stream;
 };
 
 /// Records the slot's request (upload from its pinned input, gemm, relu,
@@ -190,6 +197,23 @@ asio::awaitable<bool> one_request(lib_ctx& c, lib_slot& s, const std::string& va
     auto r = co_await compose(c.dev, upload(s.d.hx, s.x),
                               c.blas.gemm_fused(c.p, gemm_epilogue::relu, s.x, c.w, {}, s.z),
                               download(s.z, s.d.hz));
+    co_return r&& s.d.check();
+  }
+  if (variant == "composed_own") {
+    if (!s.own_blas) {
+      auto b =
+          blas_actor::create(c.dev, {.streams = stream_policy::per_actor_fresh, .max_lanes = 1});
+      auto d =
+          cudnn_actor::create(c.dev, {.streams = stream_policy::per_actor_fresh, .max_lanes = 1});
+      auto st = c.dev.acquire_stream(stream_policy::per_actor_fresh, "bench");
+      if (!b || !d || !st) co_return false;
+      s.own_blas = b.value();
+      s.own_dnn = d.value();
+      s.own_stream = st.value();
+    }
+    auto r = co_await compose(
+        c.dev, upload(s.d.hx, s.x, {.on = s.own_stream}), s.own_blas->gemm(c.p, s.x, c.w, s.y),
+        s.own_dnn->activation_forward(c.shape, {}, s.y, s.z), download(s.z, s.d.hz));
     co_return r&& s.d.check();
   }
   if (variant == "composed") {
@@ -357,7 +381,9 @@ int usage(const char* why) {
                "per_op (four awaits), composed (one compose() unit), fused (one unit with\n"
                "gemm_fused's relu epilogue), graph (the four recorded once with record(),\n"
                "then replay() with the input and output in pinned memory), fused_graph\n"
-               "(the fused unit recorded); each against raw CUDA (four calls)\n"
+               "(the fused unit recorded); each against raw CUDA (four calls). A diagnostic,\n"
+               "not in the default list: composed_own (composed with actors and an upload\n"
+               "stream of each request slot's own: no stream shared between requests)\n"
                "with the same requests in flight (default 4,16,512) on T threads (default\n"
                "4). Reports req/s, p50 and p99 latency, process CPU time per request.\n",
                prog);
@@ -403,8 +429,9 @@ int main(int argc, char** argv) {
   for (int f : o.in_flight)
     if (f < 1 || f > 4096) return usage("--in-flight wants counts in 1..4096");
   for (auto& v : o.variants)
-    if (v != "per_op" && v != "composed" && v != "fused" && v != "graph" && v != "fused_graph")
-      return usage("--variants: per_op, composed, fused, graph, fused_graph");
+    if (v != "per_op" && v != "composed" && v != "fused" && v != "graph" && v != "fused_graph" &&
+        v != "composed_own")
+      return usage("--variants: per_op, composed, fused, graph, fused_graph, composed_own");
   bench::require_gpu(prog);
 
   asio::io_context ioc;

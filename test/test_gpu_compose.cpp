@@ -92,7 +92,8 @@ TEST_CASE_FIXTURE(compose_fixture,
 TEST_CASE_FIXTURE(compose_fixture,
                   "compose: steps on other streams wait for the steps whose buffers they use") {
   // A long gemm on the actor's stream, then a copy and a download on the
-  // transfer stream: without the event wait the copy would read NaN.
+  // main stream (given: a unit's transfer would follow its previous step's
+  // stream): without the event wait the copy would read NaN.
   constexpr int n = 2048;
   const auto av = random_floats(std::size_t{n} * n, 3), bv = random_floats(std::size_t{n} * n, 4);
   auto a = alloc<float>(av.size()), b = alloc<float>(bv.size());
@@ -102,7 +103,8 @@ TEST_CASE_FIXTURE(compose_fixture,
     CAPTURE(round);
     auto c = nan_floats(av.size()), d = nan_floats(av.size());
     std::vector<float> out(av.size(), std::nanf(""));
-    auto r = run(compose(dev, blas.gemm(square(n), a, b, c), copy(c, d), download(d, out)));
+    auto r = run(compose(dev, blas.gemm(square(n), a, b, c), copy(c, d, {.on = dev.main_stream()}),
+                         download(d, out)));
     REQUIRE_MESSAGE(r, (r ? "" : r.error().message()));
     CHECK(gemm_rel_error(av, bv, out, n, 512) < 1e-5);
   }
@@ -208,4 +210,51 @@ TEST_CASE_FIXTURE(compose_fixture,
     check_settled(before2, 0, 2);
   }
   CHECK(dev.statistics().live_buffers == buffers_before);
+}
+
+TEST_CASE_FIXTURE(compose_fixture,
+                  "compose: a unit's transfers with no stream given do not queue behind another "
+                  "unit's on one shared stream") {
+  // Unit A: a 300 ms kernel on a stream of its own writes `a`, then a download
+  // of `a` (no stream given), enqueued at once and waiting on the GPU for the
+  // kernel. Unit B, started 20 ms later: an upload and a download of its own
+  // buffer. Were both units' transfers on the device's main stream, B's
+  // upload would queue behind A's download and finish after A.
+  test_kernels kernels;
+  auto own = dev.acquire_stream(stream_policy::per_actor_fresh, "test").value();
+  auto a = alloc<int>(1024), b = alloc<int>(1024);
+  std::vector<int> out_a(1024, -1), in_b(1024, 7), out_b(1024, -1);
+  const auto t0 = std::chrono::steady_clock::now();
+  std::optional<std::chrono::steady_clock::duration> done_a, done_b;
+  bool ok_a = false, ok_b = false;
+  auto unit_a = [&]() -> asio::awaitable<void> {
+    auto spin = run_kernel("cuda", own, a, [&kernels, a](launch& l) -> result<std::tuple<>> {
+      BOOST_OUTCOME_TRY(int* p, l.write(a));
+      if (auto e = cudaMemsetAsync(p, 0, a.size_bytes(), l.native_stream()); e != cudaSuccess)
+        return classify(e, "cudaMemsetAsync");
+      if (auto e = kernels.spin(l.native_stream(), 300, p); e != cudaSuccess)
+        return classify(e, "cudaLaunchKernel");
+      return std::tuple<>{};
+    });
+    ok_a = bool(co_await compose(dev, std::move(spin), download(a, out_a)));
+    done_a = std::chrono::steady_clock::now() - t0;
+  };
+  auto unit_b = [&]() -> asio::awaitable<void> {
+    ok_b = bool(co_await compose(dev, upload(in_b, b), download(b, out_b)));
+    done_b = std::chrono::steady_clock::now() - t0;
+  };
+  asio::co_spawn(ioc, unit_a(), asio::detached);
+  asio::steady_timer later(ioc, 20ms);
+  later.async_wait([&](auto) { asio::co_spawn(ioc, unit_b(), asio::detached); });
+  ioc.restart();
+  ioc.run_for(10s);
+  REQUIRE(done_a);
+  REQUIRE(done_b);
+  CHECK(ok_a);
+  CHECK(ok_b);
+  CHECK(*done_b < *done_a);
+  CHECK(*done_b < 250ms);
+  CHECK(out_a[0] == 1);  // the spin kernel's mark: the download waited for it
+  CHECK(std::all_of(out_a.begin() + 1, out_a.end(), [](int x) { return x == 0; }));
+  CHECK(std::all_of(out_b.begin(), out_b.end(), [](int x) { return x == 7; }));
 }

@@ -9,6 +9,7 @@
 #include <atomr/cuda/run_kernel.hpp>
 
 #include <boost/asio/awaitable.hpp>
+#include <boost/asio/this_coro.hpp>
 
 #include <concepts>
 #include <cstring>
@@ -21,20 +22,37 @@
 
 namespace atomr::cuda {
 
-/// Where and how a transfer runs. Defaults: the device's main stream and its
-/// default completion strategy.
+/// Where and how a transfer runs. Defaults: the device's default completion
+/// strategy, and the device's main stream, except in a step of compose() or
+/// record() (docs/design.md, "Composed units", "Where a unit's transfers
+/// run"): there the stream of the unit's previous step, or for a unit's
+/// first step one of the device's pooled streams.
 struct transfer_options {
   stream on{};
   std::optional<completion> how{};
 };
 
 namespace detail {
+/// The stream and strategy of a transfer of `ref` (see transfer_options);
+/// `unit`: the unit whose step the transfer is, or null.
 template <element T>
 result<std::pair<stream, completion>> resolve_transfer(const gpu_ref<T>& ref,
-                                                       const transfer_options& o) {
+                                                       const transfer_options& o,
+                                                       const unit_recorder* unit = nullptr) {
   if (!ref.state()) return make_error(errc::invalid_argument, "transfer: empty gpu_ref");
   device d(ref.state()->dev);
-  return std::pair{o.on ? o.on : d.main_stream(), o.how.value_or(d.options().default_completion)};
+  const completion how = o.how.value_or(d.options().default_completion);
+  if (o.on) return std::pair{o.on, how};
+  if (unit) {
+    // Back to back on the previous step's stream: a download there needs no
+    // cross-stream wait for the data it moves, and a unit's transfers do not
+    // queue behind other coroutines' transfers on one shared stream.
+    if (!unit->stages.empty() && unit->stages.back().on.get_device() == d)
+      return std::pair{unit->stages.back().on, how};
+    BOOST_OUTCOME_TRY(auto pooled, d.acquire_stream(stream_policy::pooled));
+    return std::pair{std::move(pooled), how};
+  }
+  return std::pair{d.main_stream(), how};
 }
 
 inline result<void> same_size(std::string_view what, std::size_t src, std::size_t dst) {
@@ -83,7 +101,8 @@ template <element T>
 asio::awaitable<result<gpu_ref<T>>> upload_pinned(pinned_buffer<T> src, gpu_ref<T> dst,
                                                   transfer_options o, bool staged) {
   BOOST_OUTCOME_CO_TRY(same_size("upload", src.size(), dst.size()));
-  BOOST_OUTCOME_CO_TRY(auto where, resolve_transfer(dst, o));
+  BOOST_OUTCOME_CO_TRY(
+      auto where, resolve_transfer(dst, o, detail::unit_of(co_await asio::this_coro::executor)));
   co_return co_await run_kernel(
       "cuda", where.first, where.second, dst, [&](launch& l) -> result<pinned_buffer<T>> {
         if (staged && l.recording()) return pageable_not_recordable("upload");
@@ -118,11 +137,9 @@ template <element T>
 result<pinned_buffer<T>> stage_upload(std::span<const T> src, const gpu_ref<T>& dst,
                                       transfer_options& o) {
   BOOST_OUTCOME_TRY(same_size("upload", src.size(), dst.size()));
-  BOOST_OUTCOME_TRY(auto where, resolve_transfer(dst, o));
+  BOOST_OUTCOME_TRY(resolve_transfer(dst, o));  // its checks; the stream is chosen when it runs
   BOOST_OUTCOME_TRY(auto staging, device(dst.state()->dev).allocate_pinned<T>(src.size()));
   std::memcpy(static_cast<void*>(staging.data()), src.data(), src.size_bytes());
-  o.on = where.first;
-  o.how = where.second;
   return staging;
 }
 }  // namespace detail
@@ -155,7 +172,9 @@ template <element T>
 asio::awaitable<result<pinned_buffer<T>>> download(gpu_ref<T> src, pinned_buffer<T> dst,
                                                    transfer_options o = {}) {
   BOOST_OUTCOME_CO_TRY(detail::same_size("download", src.size(), dst.size()));
-  BOOST_OUTCOME_CO_TRY(auto where, detail::resolve_transfer(src, o));
+  BOOST_OUTCOME_CO_TRY(
+      auto where,
+      detail::resolve_transfer(src, o, detail::unit_of(co_await asio::this_coro::executor)));
   co_return co_await run_kernel(
       "cuda", where.first, where.second, dst, [&](launch& l) -> result<gpu_ref<T>> {
         BOOST_OUTCOME_TRY(const T* p, l.read(src));
@@ -205,7 +224,9 @@ template <element T>
 asio::awaitable<result<gpu_ref<T>>> copy(gpu_ref<T> src, gpu_ref<T> dst, transfer_options o = {}) {
   BOOST_OUTCOME_CO_TRY(detail::same_size("copy", src.size(), dst.size()));
   BOOST_OUTCOME_CO_TRY(detail::disjoint(src, dst));
-  BOOST_OUTCOME_CO_TRY(auto where, detail::resolve_transfer(dst, o));
+  BOOST_OUTCOME_CO_TRY(
+      auto where,
+      detail::resolve_transfer(dst, o, detail::unit_of(co_await asio::this_coro::executor)));
   co_return co_await run_kernel(
       "cuda", where.first, where.second, dst, [&](launch& l) -> result<gpu_ref<T>> {
         BOOST_OUTCOME_TRY(const T* s, l.read(src));
@@ -220,7 +241,9 @@ asio::awaitable<result<gpu_ref<T>>> copy(gpu_ref<T> src, gpu_ref<T> dst, transfe
 template <element T>
 asio::awaitable<result<gpu_ref<T>>> fill_bytes(gpu_ref<T> dst, unsigned char value,
                                                transfer_options o = {}) {
-  BOOST_OUTCOME_CO_TRY(auto where, detail::resolve_transfer(dst, o));
+  BOOST_OUTCOME_CO_TRY(
+      auto where,
+      detail::resolve_transfer(dst, o, detail::unit_of(co_await asio::this_coro::executor)));
   co_return co_await run_kernel(
       "cuda", where.first, where.second, dst, [&](launch& l) -> result<std::tuple<>> {
         BOOST_OUTCOME_TRY(T * d, l.write(dst));
