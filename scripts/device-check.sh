@@ -63,8 +63,12 @@ if [ "${ASAN:-1}" = 1 ]; then
     -Dsamples=false -Dbenchmarks=false >"$out/asan-setup.log" 2>&1; then
     echo "asan setup failed"; tail -20 "$out/asan-setup.log"
   else
+    # The CPU tests start the isolated device's worker (when Boost.Process v2
+    # was found): build it too.
+    worker=$(ninja -C "$asan_build" -t targets all 2>/dev/null | grep -o '^atomr-cuda-worker' | head -1)
+    # shellcheck disable=SC2086  # $worker is empty or one target
     ninja -C "$asan_build" test/atomr_gpu_tests test/atomr_gpu_fault_tests test/atomr_cpu_tests \
-      >"$out/asan-build.log" 2>&1
+      $worker >"$out/asan-build.log" 2>&1
     echo "asan build rc=$? warnings=$(grep -c 'warning:' "$out/asan-build.log")"
     asan_run() {
       local name=$1; shift
