@@ -273,13 +273,16 @@ struct raw_slot {
   request_data d;
   float *px = nullptr, *pz = nullptr, *dx = nullptr, *dy = nullptr, *dz = nullptr;
   cudaEvent_t ev = nullptr;
+  cudaGraphExec_t exec = nullptr;  // raw_graph: the slot's captured request
   bool busy = false;
   double t0 = 0;
 };
 
 /// One raw thread: its own stream and handles, `depth` requests in flight.
+/// `graph`: each slot's four calls captured once into a CUDA graph
+/// (stream capture), then one cudaGraphLaunch per request.
 void raw_thread(const options& o, const float* dw, const std::vector<request_data>& data, int depth,
-                const window& win, std::vector<double>& lat, std::atomic<long>& wrong) {
+                const window& win, std::vector<double>& lat, std::atomic<long>& wrong, bool graph) {
   const int n = o.n;
   const std::size_t nn = std::size_t(n) * n, bytes = nn * sizeof(float);
   RAW_OK(cudaSetDevice(o.device) == cudaSuccess);
@@ -312,6 +315,28 @@ void raw_thread(const options& o, const float* dw, const std::vector<request_dat
     RAW_OK(cudaEventCreateWithFlags(&sl.ev, cudaEventDisableTiming) == cudaSuccess);
   }
   const float one = 1.0f, zero = 0.0f;
+  auto enqueue = [&](raw_slot& sl) {
+    RAW_OK(cudaMemcpyAsync(sl.dx, sl.px, bytes, cudaMemcpyHostToDevice, s) == cudaSuccess);
+    RAW_OK(cublasSgemm(b, CUBLAS_OP_N, CUBLAS_OP_N, n, n, n, &one, sl.dx, n, dw, n, &zero, sl.dy,
+                       n) == CUBLAS_STATUS_SUCCESS);
+    RAW_OK(cudnnActivationForward(h, ad, &one, td, sl.dy, &zero, td, sl.dz) ==
+           CUDNN_STATUS_SUCCESS);
+    RAW_OK(cudaMemcpyAsync(sl.pz, sl.dz, bytes, cudaMemcpyDeviceToHost, s) == cudaSuccess);
+  };
+  void* workspace = nullptr;  // cuBLAS's workspace in the captured graphs
+  if (graph) {
+    const std::size_t ws = std::size_t{32} << 20;
+    RAW_OK(cudaMalloc(&workspace, ws) == cudaSuccess);
+    RAW_OK(cublasSetWorkspace(b, workspace, ws) == CUBLAS_STATUS_SUCCESS);
+    for (auto& sl : slots) {
+      RAW_OK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal) == cudaSuccess);
+      enqueue(sl);
+      cudaGraph_t g = nullptr;
+      RAW_OK(cudaStreamEndCapture(s, &g) == cudaSuccess);
+      RAW_OK(cudaGraphInstantiate(&sl.exec, g, 0) == cudaSuccess);
+      cudaGraphDestroy(g);
+    }
+  }
   for (bool running = true; running;) {
     running = false;
     for (auto& sl : slots) {
@@ -328,17 +353,16 @@ void raw_thread(const options& o, const float* dw, const std::vector<request_dat
       running = true;
       sl.d.hz[sl.d.k] = std::nanf("");
       std::memcpy(sl.px, sl.d.hx.data(), bytes);  // into pinned staging
-      RAW_OK(cudaMemcpyAsync(sl.dx, sl.px, bytes, cudaMemcpyHostToDevice, s) == cudaSuccess);
-      RAW_OK(cublasSgemm(b, CUBLAS_OP_N, CUBLAS_OP_N, n, n, n, &one, sl.dx, n, dw, n, &zero, sl.dy,
-                         n) == CUBLAS_STATUS_SUCCESS);
-      RAW_OK(cudnnActivationForward(h, ad, &one, td, sl.dy, &zero, td, sl.dz) ==
-             CUDNN_STATUS_SUCCESS);
-      RAW_OK(cudaMemcpyAsync(sl.pz, sl.dz, bytes, cudaMemcpyDeviceToHost, s) == cudaSuccess);
+      if (graph)
+        RAW_OK(cudaGraphLaunch(sl.exec, s) == cudaSuccess);
+      else
+        enqueue(sl);
       RAW_OK(cudaEventRecord(sl.ev, s) == cudaSuccess);
       sl.busy = true;
     }
   }
   for (auto& sl : slots) {
+    if (sl.exec) cudaGraphExecDestroy(sl.exec);
     cudaEventDestroy(sl.ev);
     cudaFreeHost(sl.px);
     cudaFreeHost(sl.pz);
@@ -350,11 +374,12 @@ void raw_thread(const options& o, const float* dw, const std::vector<request_dat
   cudnnDestroyTensorDescriptor(td);
   cudnnDestroy(h);
   cublasDestroy(b);
+  if (workspace) cudaFree(workspace);
   cudaStreamDestroy(s);
 }
 
 result_row run_raw(const options& o, const float* dw, const std::vector<request_data>& data,
-                   int in_flight) {
+                   int in_flight, bool graph = false) {
   const int threads = std::min(o.threads, in_flight);
   std::vector<std::vector<double>> lat(threads);
   std::atomic<long> wrong{0};
@@ -362,11 +387,11 @@ result_row run_raw(const options& o, const float* dw, const std::vector<request_
   std::vector<std::thread> pool;
   for (int t = 0; t < threads; ++t) {
     const int depth = in_flight / threads + (t < in_flight % threads ? 1 : 0);
-    pool.emplace_back([&, t, depth] { raw_thread(o, dw, data, depth, win, lat[t], wrong); });
+    pool.emplace_back([&, t, depth] { raw_thread(o, dw, data, depth, win, lat[t], wrong, graph); });
   }
   for (auto& t : pool) t.join();
   win.join();
-  return finish("raw", in_flight, win, lat, wrong.load());
+  return finish(graph ? "raw_graph" : "raw", in_flight, win, lat, wrong.load());
 }
 
 // ------------------------------------------------------------------ main
@@ -381,11 +406,13 @@ int usage(const char* why) {
                "per_op (four awaits), composed (one compose() unit), fused (one unit with\n"
                "gemm_fused's relu epilogue), graph (the four recorded once with record(),\n"
                "then replay() with the input and output in pinned memory), fused_graph\n"
-               "(the fused unit recorded); each against raw CUDA (four calls). A diagnostic,\n"
-               "not in the default list: composed_own (composed with actors and an upload\n"
-               "stream of each request slot's own: no stream shared between requests)\n"
-               "with the same requests in flight (default 4,16,512) on T threads (default\n"
-               "4). Reports req/s, p50 and p99 latency, process CPU time per request.\n",
+               "(the fused unit recorded); each against raw CUDA (four calls) with the\n"
+               "same requests in flight (default 4,16,512) on T threads (default 4).\n"
+               "Reports req/s, p50 and p99 latency, process CPU time per request.\n"
+               "Diagnostics, not in the default list: composed_own (composed with actors\n"
+               "and an upload stream of each request slot's own: no stream shared between\n"
+               "requests) and raw_graph (raw CUDA with each slot's four calls captured once\n"
+               "into a CUDA graph, one cudaGraphLaunch per request).\n",
                prog);
   return why ? 64 : 0;
 }
@@ -430,8 +457,9 @@ int main(int argc, char** argv) {
     if (f < 1 || f > 4096) return usage("--in-flight wants counts in 1..4096");
   for (auto& v : o.variants)
     if (v != "per_op" && v != "composed" && v != "fused" && v != "graph" && v != "fused_graph" &&
-        v != "composed_own")
-      return usage("--variants: per_op, composed, fused, graph, fused_graph, composed_own");
+        v != "composed_own" && v != "raw_graph")
+      return usage(
+          "--variants: per_op, composed, fused, graph, fused_graph, composed_own, raw_graph");
   bench::require_gpu(prog);
 
   asio::io_context ioc;
@@ -497,7 +525,8 @@ int main(int argc, char** argv) {
     const auto raw = run_raw(o, dw, data, f);
     wrong_total += raw.wrong;
     for (auto& v : o.variants) {
-      const auto r = run_library(c, slots, v, f, o);
+      const auto r =
+          v == "raw_graph" ? run_raw(o, dw, data, f, true) : run_library(c, slots, v, f, o);
       wrong_total += r.wrong;
       std::printf("%-11s %6d %10.0f %9.1f %9.1f %9.1f %10.0f %9.1f %9.1f %7.3f %6ld\n", v.c_str(),
                   f, r.req_per_s, r.p50_us, r.p99_us, r.cpu_us_per_req, raw.req_per_s, raw.p50_us,
