@@ -3,9 +3,12 @@
 #include <atomr/cuda/blas_actor.hpp>
 
 #include "cuda_graph_record.hpp"
+#include "device_impl.hpp"
+#include "remote.hpp"
 
 #include <atomr/cuda/detail/actor_core.hpp>
 #include <atomr/cuda/detail/lru.hpp>
+#include <atomr/cuda/detail/remote_ops.hpp>
 #include <atomr/cuda/pinned.hpp>
 #include <atomr/cuda/run_kernel.hpp>
 
@@ -221,8 +224,28 @@ struct blas_state {
   std::atomic<bool> tf32;
   lane_set<blas_lane> lanes;
 
+  /// Isolated devices: the actor's id in the worker (which makes its own
+  /// actor with these options at the first call); 0 in process.
+  std::uint64_t remote_id = 0;
+  /// Isolated devices: what get_stream() answers (there are no lanes here),
+  /// and the options the worker's actor is made with.
+  stream remote_stream;
+  std::optional<stream_policy> remote_streams;
+  std::size_t remote_max_lanes = 0;
+  ~blas_state() {
+    if (remote_id && dev.impl()->remote)
+      dev.impl()->remote->release(wire::release_kind::actor, remote_id);
+  }
+
   /// Fails fast (no GPU call) once the device no longer accepts work.
   result<void> accepting() const { return dev.status(); }
+  /// accepting(), and not_supported on an isolated device: the operations
+  /// other than gemm run in process only for now.
+  result<void> accepting_local(std::string_view op) const {
+    BOOST_OUTCOME_TRY(dev.status());
+    if (remote_id) return isolated_not_supported("blas_actor::" + std::string(op));
+    return outcome::success();
+  }
   /// A new lane: a stream by the lanes' policy, a cuBLAS handle bound to it
   /// (host pointer mode, the current math mode) and, with lt_matmul, a
   /// cuBLASLt handle. Costs a few ms (cublasCreate).
@@ -810,6 +833,39 @@ result<void> check_abc(std::string_view op, const device& dev, const gpu_ref<T>&
   return outcome::success();
 }
 
+/// gemm on an isolated device, checked: one request to the worker, which
+/// runs it on its own blas_actor made with this actor's options.
+template <class T>
+asio::awaitable<result<gpu_ref<T>>> remote_gemm(state_ptr st, gemm_params p, gpu_ref<T> a,
+                                                gpu_ref<T> b, gpu_ref<T> c) {
+  detail::wire::gemm_args w;
+  w.actor = st->remote_id;
+  w.type = static_cast<std::uint32_t>(dtype_of<T>);
+  w.tf32 = st->tf32.load(std::memory_order_relaxed) ? 1 : 0;
+  w.lt_matmul = st->use_lt ? 1 : 0;
+  w.has_streams = st->remote_streams.has_value() ? 1 : 0;
+  w.streams = static_cast<std::uint8_t>(st->remote_streams.value_or(stream_policy::pooled));
+  w.max_lanes = st->remote_max_lanes;
+  w.cuda_graph_cache = st->graph_capacity;
+  w.transa = static_cast<std::uint8_t>(p.transa);
+  w.transb = static_cast<std::uint8_t>(p.transb);
+  w.m = p.m;
+  w.n = p.n;
+  w.k = p.k;
+  w.lda = p.lda;
+  w.ldb = p.ldb;
+  w.ldc = p.ldc;
+  w.alpha = p.alpha;
+  w.beta = p.beta;
+  w.a = detail::ref_of(*a.state(), a.offset(), a.size());
+  w.b = detail::ref_of(*b.state(), b.offset(), b.size());
+  w.c = detail::ref_of(*c.state(), c.offset(), c.size());
+  auto r = co_await detail::remote_call(*st->dev.impl(), detail::wire::op_code::gemm,
+                                        std::string(detail::wire::bytes_of(w)), st->how, nullptr);
+  if (!r) co_return tag(r.error());
+  co_return c;
+}
+
 template <class T>
 asio::awaitable<result<gpu_ref<T>>> do_gemm(state_ptr st, gemm_params p, gpu_ref<T> a, gpu_ref<T> b,
                                             gpu_ref<T> c) {
@@ -817,6 +873,7 @@ asio::awaitable<result<gpu_ref<T>>> do_gemm(state_ptr st, gemm_params p, gpu_ref
   auto g = detail::check_gemm(p, a.size(), b.size(), c.size());
   if (!g) co_return tag(g.error());
   if (auto ok = check_abc("gemm", st->dev, a, b, c, g.value()); !ok) co_return tag(ok.error());
+  if (st->remote_id) co_return co_await remote_gemm(st, p, a, b, c);
   auto& lane = st->lane(c.state().get());
   using keep =
       std::tuple<gpu_ref<T>, gpu_ref<T>, std::shared_ptr<const detail::recorded_exec>, state_ptr>;
@@ -903,7 +960,7 @@ asio::awaitable<result<gpu_ref<T>>> do_gemm_fused(state_ptr st, gemm_params p, g
                                                   gpu_ref<T> a, gpu_ref<T> b, gpu_ref<T> bias,
                                                   gpu_ref<T> c) {
   constexpr std::string_view op = "gemm_fused";
-  if (auto ok = st->accepting(); !ok) co_return tag(ok.error());
+  if (auto ok = st->accepting_local("gemm_fused"); !ok) co_return tag(ok.error());
   auto g = detail::check_gemm_fused(p, e, a.size(), b.size(), bias.size(), c.size());
   if (!g) co_return tag(g.error());
   if (auto ok = check_abc(op, st->dev, a, b, c, g.value()); !ok) co_return tag(ok.error());
@@ -956,7 +1013,7 @@ template <class T>
 asio::awaitable<result<gpu_ref<T>>> do_gemm_batched(state_ptr st, gemm_params p, batch_params bp,
                                                     gpu_ref<T> a, gpu_ref<T> b, gpu_ref<T> c) {
   constexpr std::string_view op = "gemm_strided_batched";
-  if (auto ok = st->accepting(); !ok) co_return tag(ok.error());
+  if (auto ok = st->accepting_local("gemm_strided_batched"); !ok) co_return tag(ok.error());
   auto plan = detail::check_gemm_batched(p, bp, a.size(), b.size(), c.size());
   if (!plan) co_return tag(plan.error());
   if (auto ok = check_abc(op, st->dev, a, b, c, plan.value().g); !ok) co_return tag(ok.error());
@@ -1056,7 +1113,7 @@ template <class T>
 asio::awaitable<result<gpu_ref<T>>> do_gemv(state_ptr st, gemv_params p, gpu_ref<T> a, gpu_ref<T> x,
                                             gpu_ref<T> y) {
   constexpr std::string_view op = "gemv";
-  if (auto ok = st->accepting(); !ok) co_return tag(ok.error());
+  if (auto ok = st->accepting_local("gemv"); !ok) co_return tag(ok.error());
   auto gr = detail::check_gemv(p, a.size(), x.size(), y.size());
   if (!gr) co_return tag(gr.error());
   const auto& g = gr.value();
@@ -1091,7 +1148,7 @@ asio::awaitable<result<gpu_ref<T>>> do_axpy(state_ptr st, std::int64_t n, double
                                             gpu_ref<T> x, gpu_ref<T> y, std::int64_t incx,
                                             std::int64_t incy) {
   constexpr std::string_view op = "axpy";
-  if (auto ok = st->accepting(); !ok) co_return tag(ok.error());
+  if (auto ok = st->accepting_local("axpy"); !ok) co_return tag(ok.error());
   auto pr = detail::check_axpy(n, incx, x.size(), incy, y.size());
   if (!pr) co_return tag(pr.error());
   const auto& p = pr.value();
@@ -1122,7 +1179,7 @@ template <class T>
 asio::awaitable<result<gpu_ref<T>>> do_scal(state_ptr st, std::int64_t n, double alpha,
                                             gpu_ref<T> x, std::int64_t incx) {
   constexpr std::string_view op = "scal";
-  if (auto ok = st->accepting(); !ok) co_return tag(ok.error());
+  if (auto ok = st->accepting_local("scal"); !ok) co_return tag(ok.error());
   auto pr = detail::check_vector_op(op, n, incx, x.size());
   if (!pr) co_return tag(pr.error());
   const auto& p = pr.value();
@@ -1191,7 +1248,7 @@ template <class T>
 asio::awaitable<result<T>> do_dot(state_ptr st, std::int64_t n, gpu_ref<T> x, gpu_ref<T> y,
                                   std::int64_t incx, std::int64_t incy) {
   constexpr std::string_view op = "dot";
-  if (auto ok = st->accepting(); !ok) co_return tag(ok.error());
+  if (auto ok = st->accepting_local("dot"); !ok) co_return tag(ok.error());
   auto pr = detail::check_dot(n, incx, x.size(), incy, y.size());
   if (!pr) co_return tag(pr.error());
   const auto p = pr.value();
@@ -1221,7 +1278,7 @@ auto do_reduce(state_ptr st, std::int64_t n, gpu_ref<T> x, std::int64_t incx)
   constexpr std::string_view call_name = Red == reduction::nrm2   ? level_traits<T>::nrm2_name
                                          : Red == reduction::asum ? level_traits<T>::asum_name
                                                                   : level_traits<T>::iamax_name;
-  if (auto ok = st->accepting(); !ok) co_return tag(ok.error());
+  if (auto ok = st->accepting_local(op); !ok) co_return tag(ok.error());
   auto pr = detail::check_vector_op(op, n, incx, x.size(), Red == reduction::iamax ? 1 : 0);
   if (!pr) co_return tag(pr.error());
   const auto p = pr.value();
@@ -1297,6 +1354,14 @@ result<blas_actor> blas_actor::create(device dev, blas_options options) {
   const completion how = options.how.value_or(dev.options().default_completion);
   const auto lanes = detail::resolve_lanes(options.streams, options.max_lanes, dev.options());
   auto st = std::make_shared<blas_state>(dev, how, options, lanes);
+  if (dev.isolated()) {
+    // No lane here: the worker makes the actor (and its lanes) at its first call.
+    st->remote_id = dev.impl()->remote->next_id();
+    st->remote_stream = dev.main_stream();
+    st->remote_streams = options.streams;
+    st->remote_max_lanes = options.max_lanes;
+    return blas_actor(std::move(st));
+  }
   auto first = st->make_lane();
   if (!first) return tag(first.error());
   st->lanes.install_first(std::move(first).value());
@@ -1307,6 +1372,7 @@ const device& blas_actor::get_device() const noexcept {
   return st_->dev;
 }
 const stream& blas_actor::get_stream() const noexcept {
+  if (st_->remote_id) return st_->remote_stream;
   return st_->lanes.first().strm;
 }
 const completion& blas_actor::get_completion() const noexcept {

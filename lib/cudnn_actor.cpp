@@ -3,6 +3,7 @@
 #include "cudnn_graph.hpp"
 
 #include <atomr/cuda/cudnn_error.hpp>
+#include <atomr/cuda/detail/remote_ops.hpp>
 #include <atomr/cuda/detail/lru.hpp>
 #include <atomr/cuda/run_kernel.hpp>
 
@@ -863,6 +864,7 @@ asio::awaitable<result<gpu_ref<T>>> batchnorm(std::shared_ptr<cudnn_state> st, t
 result<cudnn_actor> cudnn_actor::create(device dev, cudnn_options options) {
   BOOST_OUTCOME_TRY(detail::check_cudnn_options(options));
   BOOST_OUTCOME_TRY(dev.status());
+  if (dev.isolated()) return detail::isolated_not_supported("cudnn_actor");
   if (!dev.options().libraries.cudnn)
     return make_error(errc::not_supported,
                       "cudnn_actor::create: cuDNN is disabled in this device's library_set");

@@ -1,8 +1,10 @@
 #include "device_impl.hpp"
-#include "poll_hub.hpp"
 #include "pinned_pool.hpp"
+#include "poll_hub.hpp"
+#include "remote.hpp"
 
 #include <atomr/cuda/detail/actor_core.hpp>
+#include <atomr/cuda/detail/remote_ops.hpp>
 #include <atomr/cuda/gpu_ref.hpp>
 #include <atomr/cuda/pinned.hpp>
 
@@ -93,6 +95,7 @@ device_impl::device_impl(const asio::any_io_executor& ex, int ord, const device_
       monitor_timer_(strand_) {}
 
 device_impl::~device_impl() {
+  if (remote) remote->shutdown();
   {
     std::lock_guard lk(bq_->mu);
     bq_->stop = true;
@@ -125,7 +128,24 @@ bool device_impl::context_usable() const noexcept {
   return cuda_initialised.load() && health.load() != health_state::poisoned;
 }
 
+int device_impl::registry_key() const noexcept {
+  return options.isolation.enabled ? ordinal + (1 << 20) : ordinal;
+}
+
 void device_impl::init() {
+  if (options.isolation.enabled) {
+    // No CUDA call in this process: the worker opens the device.
+    remote = std::make_shared<remote_device>(*this);
+    if (auto ok = remote->start(weak_from_this()); !ok) {
+      init_error_ = unavailable(ok.error());
+      remote.reset();
+      return;
+    }
+    main_stream = std::make_shared<stream_state>(nullptr, nullptr, next_stream_id++);
+    main_stream->owner = this;
+    health.store(health_state::starting);
+    return;
+  }
   int n = 0;
   if (auto st = cudaGetDeviceCount(&n); st != cudaSuccess) {
     cudaGetLastError();
@@ -181,9 +201,21 @@ result<void> device_impl::check_accepting() const {
       return outcome::success();
     case health_state::poisoned:
       return fault_error();
-    case health_state::stopped:
-      return make_error(errc::device_unavailable,
-                        "device " + std::to_string(ordinal) + " was stopped");
+    case health_state::stopped: {
+      std::string m = "device " + std::to_string(ordinal) + " was stopped";
+      std::lock_guard lk(mu_);
+      if (remote && fault_)
+        m += " (its worker's restart budget is spent; last failure: " + fault_->message() + ")";
+      return make_error(errc::device_unavailable, std::move(m));
+    }
+    case health_state::starting:
+      return outcome::success();
+    case health_state::restarting: {
+      std::string m = "isolated device " + std::to_string(ordinal) + ": its worker is restarting";
+      std::lock_guard lk(mu_);
+      if (fault_) m += " after: " + fault_->message();
+      return make_error(errc::device_unavailable, std::move(m));
+    }
     case health_state::unavailable:
       break;
   }
@@ -224,10 +256,59 @@ void device_impl::poison(const gpu_error& e) {
 }
 
 void device_impl::stop() {
+  if (remote) {
+    auto from = health.load();
+    while (from != health_state::stopped && from != health_state::unavailable &&
+           !health.compare_exchange_weak(from, health_state::stopped)) {
+    }
+    if (from == health_state::stopped || from == health_state::unavailable) return;
+    {
+      std::lock_guard lk(mu_);
+      fault_.reset();  // stopped by the user, not by a failure
+    }
+    ++generation;
+    remote->stop();
+    set_health(from, health_state::stopped);
+    return;
+  }
   auto expected = health_state::healthy;
   if (!health.compare_exchange_strong(expected, health_state::stopped)) return;
   ++generation;
   set_health(health_state::healthy, health_state::stopped);
+}
+
+void device_impl::remote_health(health_state to, const std::optional<gpu_error>& why) {
+  const auto from = health.load();
+  if (from == health_state::stopped) return;  // final (stop() or a spent budget)
+  if (to == health_state::poisoned) {
+    {
+      std::lock_guard lk(mu_);
+      fault_ = why.value_or(make_error(errc::context_poisoned, "the worker ended"));
+    }
+    ++generation;
+    ++faults;
+  } else if (to == health_state::stopped && why) {
+    std::lock_guard lk(mu_);
+    fault_ = *why;
+  }
+  if (to == health_state::stopped && from != health_state::poisoned) ++generation;
+  health.store(to);
+  set_health(from, to);
+}
+
+std::vector<health_state> device_impl::health_history() const {
+  std::lock_guard lk(mu_);
+  return history_;
+}
+
+void device_impl::remote_unavailable(gpu_error why) {
+  {
+    std::lock_guard lk(mu_);
+    init_error_ = std::move(why);
+  }
+  const auto from = health.exchange(health_state::unavailable);
+  if (from != health_state::unavailable) ++generation;
+  set_health(from, health_state::unavailable);
 }
 
 void device_impl::set_health(health_state, health_state to) {
@@ -235,6 +316,8 @@ void device_impl::set_health(health_state, health_state to) {
   {
     std::lock_guard lk(mu_);
     obs.swap(observers_);
+    if (history_.size() == 64) history_.erase(history_.begin());
+    history_.push_back(to);
   }
   for (auto& h : obs) post_to(executor, std::move(h), to);
   // Fail every watched wait now rather than at its next tick.
@@ -247,9 +330,10 @@ void device_impl::set_health(health_state, health_state to) {
 void device_impl::on_context_shutdown() {
   {
     std::lock_guard lk(registry_mu);
-    auto it = registry().find(ordinal);
+    auto it = registry().find(registry_key());
     if (it != registry().end() && it->second.lock().get() == this) registry().erase(it);
   }
+  if (remote) remote->shutdown();
   const bool alive = context_usable();
   if (alive) make_current();
   for (auto& p : parked_)
@@ -291,7 +375,11 @@ void device_impl::on_context_shutdown() {
 void device_impl::add_observer(asio::any_completion_handler<void(health_state)> h) {
   std::unique_lock lk(mu_);
   auto now = health.load();
-  if (now != health_state::healthy) {
+  // Isolated: starting, poisoned and restarting are passing states (a new
+  // worker follows), so an observer waits for the next change.
+  const bool passing = remote && (now == health_state::starting || now == health_state::poisoned ||
+                                  now == health_state::restarting);
+  if (now != health_state::healthy && !passing) {
     lk.unlock();
     post_to(executor, std::move(h), now);
     return;
@@ -523,6 +611,13 @@ result<shared_event> record_event(device_impl& d, cudaStream_t s, std::string_vi
 
 buffer_state::~buffer_state() {
   --dev->live_buffers;
+  if (remote_handle != 0) {
+    // The worker frees it (stream-ordered, after the work that uses it);
+    // a worker of a later generation never had it.
+    if (dev->remote && generation == dev->generation.load())
+      dev->remote->release(wire::release_kind::buffer, remote_handle);
+    return;
+  }
   // After a sticky fault nothing is handed back to the dead context.
   if (dev->health.load() == health_state::poisoned || !dev->release_stream) return;
   dev->make_current();
@@ -540,7 +635,7 @@ result<void> check_buffer(const buffer_state* st, std::string_view what) {
   const auto& d = *st->dev;
   const auto gen = d.generation.load(std::memory_order_acquire);
   const auto h = d.health.load(std::memory_order_acquire);
-  if (st->generation == gen && h == health_state::healthy) return outcome::success();
+  if (st->generation == gen && device_impl::accepts(h)) return outcome::success();
   std::string why = std::string(to_string(h));
   if (h == health_state::poisoned) why += ": " + d.fault_error().message();
   return make_error(errc::stale_ref, std::string(what) + " is stale: allocated in generation " +
@@ -551,7 +646,7 @@ result<void> check_buffer(const buffer_state* st, std::string_view what) {
 
 result<void> check_buffer(const buffer_state* st, dtype t) {
   if (st && st->generation == st->dev->generation.load(std::memory_order_acquire) &&
-      st->dev->health.load(std::memory_order_acquire) == health_state::healthy)
+      device_impl::accepts(st->dev->health.load(std::memory_order_acquire)))
     return outcome::success();
   return check_buffer(st, "gpu_ref<" + std::string(to_string(t)) + ">");
 }
@@ -570,6 +665,10 @@ std::string_view to_string(health_state h) noexcept {
       return "stopped";
     case health_state::unavailable:
       return "unavailable";
+    case health_state::starting:
+      return "starting";
+    case health_state::restarting:
+      return "restarting";
   }
   return "unknown";
 }
@@ -603,6 +702,24 @@ result<void> check_device_options(const device_options& o) {
   if (spin < 0 || spin > 10000)
     return detail::bad_argument(op, "options.launch_spin",
                                 "(" + std::to_string(spin) + " us) is not within 0..10000 us");
+  const auto& iso = o.isolation;
+  if (!iso.enabled) return outcome::success();
+  auto ms_range = [&](std::string_view name, std::chrono::milliseconds v) -> result<void> {
+    if (v.count() >= 1 && v.count() <= 3600000) return outcome::success();
+    return detail::bad_argument(
+        op, name, "(" + std::to_string(v.count()) + " ms) is not within 1..3600000 ms");
+  };
+  BOOST_OUTCOME_TRY(ms_range("options.isolation.heartbeat", iso.heartbeat));
+  BOOST_OUTCOME_TRY(ms_range("options.isolation.heartbeat_timeout", iso.heartbeat_timeout));
+  BOOST_OUTCOME_TRY(ms_range("options.isolation.hang_margin", iso.hang_margin));
+  BOOST_OUTCOME_TRY(ms_range("options.isolation.max_op_time", iso.max_op_time));
+  if (iso.heartbeat_timeout <= iso.heartbeat)
+    return detail::bad_argument(op, "options.isolation.heartbeat_timeout",
+                                "must be longer than options.isolation.heartbeat");
+  if (iso.arena_bytes < (std::size_t{1} << 20) || iso.arena_bytes > (std::size_t{16} << 30))
+    return detail::bad_argument(
+        op, "options.isolation.arena_bytes",
+        "(" + std::to_string(iso.arena_bytes) + ") is not within 1 MiB..16 GiB");
   return outcome::success();
 }
 
@@ -622,7 +739,7 @@ device::device(const executor_type& ex, int ordinal, const device_options& optio
     return;
   }
   std::lock_guard lk(detail::registry_mu);
-  auto& slot = detail::registry()[ordinal];
+  auto& slot = detail::registry()[options.isolation.enabled ? ordinal + (1 << 20) : ordinal];
   if (auto live = slot.lock()) {
     impl_ = std::move(live);
     return;
@@ -659,7 +776,10 @@ health_state device::health() const noexcept {
   return impl_ ? impl_->health.load() : health_state::unavailable;
 }
 bool device::accepting() const noexcept {
-  return health() == health_state::healthy;
+  return detail::device_impl::accepts(health());
+}
+bool device::isolated() const noexcept {
+  return impl_ && impl_->options.isolation.enabled;
 }
 std::uint64_t device::generation() const noexcept {
   return impl_->generation.load();
@@ -693,6 +813,19 @@ device_statistics device::statistics() const {
   s.launch_sleeps = d.polls ? d.polls->launch_sleeps() : 0;
   s.pinned_cached_bytes = d.pinned ? d.pinned->cached_bytes() : 0;
   s.host_fns_pending = d.host_fns_pending();
+  if (d.options.isolation.enabled) {
+    s.isolated = true;
+    if (d.remote) {
+      const auto w = d.remote->worker_stats();
+      s.worker_restarts = w.restarts;
+      s.restarts_left = w.restarts_left;
+      s.worker_pid = w.pid;
+      s.worker_calls_pending = w.calls_pending;
+      s.free_bytes = w.free_bytes;
+      s.total_bytes = w.total_bytes;
+    }
+    return s;
+  }
   if (s.health == health_state::healthy && d.make_current() == cudaSuccess) {
     if (cudaMemGetInfo(&s.free_bytes, &s.total_bytes) != cudaSuccess) cudaGetLastError();
   }
@@ -701,6 +834,12 @@ device_statistics device::statistics() const {
 
 result<stream> device::acquire_stream(stream_policy policy, std::string_view owner) {
   if (!impl_) return empty_device("acquire_stream");
+  if (impl_->remote) {
+    // Isolated: a handle that names the device; the worker chooses its own
+    // streams (docs/design.md, "Isolated device").
+    BOOST_OUTCOME_TRY(impl_->check_accepting());
+    return impl_->main_stream ? stream(impl_->main_stream) : main_stream();
+  }
   return impl_->acquire_stream(policy, owner);
 }
 
@@ -744,6 +883,19 @@ result<std::shared_ptr<detail::buffer_state>> device::allocate_state(std::size_t
   if (count > std::numeric_limits<std::size_t>::max() / es)
     return make_error(errc::invalid_argument,
                       "allocate: " + std::to_string(count) + " elements overflow the byte count");
+  if (d.remote) {
+    if (!on || on.state()->owner != &d)
+      return make_error(errc::invalid_argument,
+                        "allocate: the stream is not one of device " + std::to_string(d.ordinal));
+    // Isolated: the worker allocates when the message arrives, before any
+    // later request (docs/design.md, "Isolated device").
+    auto state =
+        std::make_shared<detail::buffer_state>(impl_, nullptr, count, t, d.generation.load());
+    state->remote_handle = d.remote->next_id();
+    ++d.live_buffers;
+    d.remote->send_alloc(state->remote_handle, count, static_cast<std::uint32_t>(t));
+    return state;
+  }
   if (!on || on.state()->owner != &d || !on.native_handle())
     return make_error(errc::invalid_argument,
                       "allocate: the stream is not one of device " + std::to_string(d.ordinal));
@@ -772,6 +924,7 @@ result<std::shared_ptr<detail::buffer_state>> device::allocate_state(std::size_t
 result<std::shared_ptr<detail::pinned_block>> device::allocate_pinned_block(std::size_t bytes) {
   if (!impl_) return empty_device("allocate_pinned");
   BOOST_OUTCOME_TRY(impl_->check_accepting());
+  if (impl_->remote) return detail::isolated_not_supported("allocate_pinned");
   impl_->make_current();
   auto b = impl_->pinned->acquire(bytes);
   if (!b) impl_->note_error(b.error());

@@ -84,6 +84,7 @@ struct blocking_queue {
 
 class pinned_pool;
 class poll_hub;
+class remote_device;
 
 /// One host function queued with cudaLaunchHostFunc (host_fn waits): what
 /// its callback needs, allocated at launch and owned by CUDA until it runs.
@@ -145,7 +146,11 @@ public:
   device_impl& operator=(const device_impl&) = delete;
 
   /// CUDA initialisation for this ordinal; sets health to healthy or unavailable.
+  /// Isolated (options.isolation.enabled): starts the worker instead (health
+  /// starting), and this process makes no CUDA call for the device.
   void init();
+  /// The registry's key: isolated and in-process states of one ordinal differ.
+  int registry_key() const noexcept;
   /// Instead of init(): leaves the device unavailable with `why` (bad options).
   void reject(gpu_error why);
 
@@ -171,12 +176,18 @@ public:
   std::shared_ptr<pinned_pool> pinned;
   std::shared_ptr<poll_hub> polls;  // event_poll waits
   std::shared_ptr<stream_state> main_stream, release_stream;
+  /// Isolated devices only: the link to the worker process.
+  std::shared_ptr<remote_device> remote;
   std::vector<std::shared_ptr<stream_state>> stream_pool;
   std::atomic<std::size_t> next_pooled{0};
 
   // --- errors and health ---
   /// Success while healthy; otherwise the error every new call gets.
   result<void> check_accepting() const;
+  /// True in the states where work is accepted (healthy; isolated: starting).
+  static bool accepts(health_state h) noexcept {
+    return h == health_state::healthy || h == health_state::starting;
+  }
   /// The first fault, re-issued as context_poisoned for a later caller.
   gpu_error fault_error() const;
   /// Counts the error, and poisons the device if it is a sticky fault.
@@ -185,6 +196,14 @@ public:
   /// waiters failed, observers woken. Never frees anything.
   void poison(const gpu_error& e);
   void stop();
+  /// Isolated: the worker's state as the device's health (failed: poisoned
+  /// with `why`, generation bump; restarting; healthy; stopped with `why`).
+  void remote_health(health_state to, const std::optional<gpu_error>& why);
+  /// Isolated: the worker runs but could not open the GPU.
+  void remote_unavailable(gpu_error why);
+  /// The last 64 changes of health, oldest first (observers may see quick
+  /// changes as one; tests read the whole sequence here).
+  std::vector<health_state> health_history() const;
   /// After a driver or library failure, asks CUDA whether the context is
   /// still alive (cudaStreamQuery on the main stream); poisons it if not.
   void probe_context();
@@ -236,6 +255,7 @@ private:
   std::optional<gpu_error> fault_;
   gpu_error init_error_;
   std::vector<asio::any_completion_handler<void(health_state)>> observers_;
+  std::vector<health_state> history_;
   std::map<std::string, std::shared_ptr<stream_state>, std::less<>> per_owner_;
 
   asio::strand<asio::any_io_executor> strand_;

@@ -1,4 +1,5 @@
 #include <atomr/cuda/fft_actor.hpp>
+#include <atomr/cuda/detail/remote_ops.hpp>
 
 #include <atomr/cuda/run_kernel.hpp>
 
@@ -485,6 +486,7 @@ asio::awaitable<result<gpu_ref<Out>>> execute(std::shared_ptr<fft_state> st, fft
 result<fft_actor> fft_actor::create(device dev, fft_options options) {
   BOOST_OUTCOME_TRY(detail::check_fft_options(options));
   BOOST_OUTCOME_TRY(dev.status());
+  if (dev.isolated()) return detail::isolated_not_supported("fft_actor");
   if (!dev.options().libraries.cufft)
     return make_error(errc::not_supported,
                       "fft_actor::create: cuFFT is disabled in this device's library_set");

@@ -1,5 +1,6 @@
 #include "device_impl.hpp"
 
+#include <atomr/cuda/detail/remote_ops.hpp>
 #include <atomr/cuda/run_kernel.hpp>
 
 #include <algorithm>
@@ -17,6 +18,8 @@ result<void> launch::begin() {
   if (!stream_) return make_error(errc::invalid_argument, "run_kernel: empty stream");
   auto& d = *stream_.state()->owner;
   BOOST_OUTCOME_TRY(d.check_accepting());
+  // The enqueue function is code of this process: it cannot run in the worker.
+  if (d.remote) return detail::isolated_not_supported("run_kernel");
   d.in_flight.add(1);
   counted_ = true;
   return outcome::success();

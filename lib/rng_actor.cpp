@@ -2,6 +2,7 @@
 #include "atomr/cuda/rng_actor.hpp"
 
 #include "atomr/cuda/detail/actor_core.hpp"
+#include <atomr/cuda/detail/remote_ops.hpp>
 #include "atomr/cuda/run_kernel.hpp"
 
 #include <boost/asio/this_coro.hpp>
@@ -441,6 +442,7 @@ result<rng_actor> rng_actor::create(device dev, rng_options options) {
     return detail::bad_argument("rng_actor::create", "dev", "is an empty device handle")
         .tagged(detail::k_lib);
   if (auto ok = dev.status(); !ok) return ok.error().tagged(detail::k_lib);
+  if (dev.isolated()) return detail::isolated_not_supported("rng_actor");
   if (!dev.options().libraries.curand)
     return make_error(errc::not_supported,
                       "rng_actor::create: cuRAND is disabled in this device's options "

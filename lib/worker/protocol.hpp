@@ -24,6 +24,36 @@ enum class kind : std::uint16_t {
   checksum = 6,
   /// worker -> service: `id` echoed; arg 0 and a u64 hash, or arg 1 (bad range)
   checksum_result = 7,
+  /// service -> worker: one operation (`arg` an op_code, payload its
+  /// arguments); answered by one reply with the same id
+  call = 8,
+  /// worker -> service: `id` echoed; arg 0: success and the value's bytes,
+  /// arg 1: an error (encode_error)
+  reply = 9,
+  /// service -> worker, no answer: `arg` a release_kind, payload one u64 (the
+  /// buffer or actor the service dropped)
+  release = 10,
+};
+
+/// The operations a call carries (docs/design.md, "Isolated device").
+enum class op_code : std::uint16_t {
+  /// payload: alloc_args. Not answered: the worker allocates when the message
+  /// arrives (before any later message is read), and a failed allocation is
+  /// reported by the first operation that uses the buffer.
+  alloc = 1,
+  upload = 2,      ///< payload: transfer_args (host = arena offset); reply: empty
+  download = 3,    ///< payload: transfer_args; reply: empty (the data is in the arena block)
+  copy = 4,        ///< payload: copy_args; reply: empty
+  fill_bytes = 5,  ///< payload: fill_args; reply: empty
+  gemm = 6,        ///< payload: gemm_args; reply: empty
+  /// test-only (--test-faults): payload: u16 fault_kind (illegal_address or
+  /// hang_kernel): the fault as one operation in flight
+  fault = 7,
+};
+
+enum class release_kind : std::uint16_t {
+  buffer = 1,  ///< a buffer handle (alloc_args::handle)
+  actor = 2,   ///< a blas actor id (gemm_args::actor)
 };
 
 /// Faults a worker started with --test-faults injects on request.
@@ -31,8 +61,12 @@ enum class fault_kind : std::uint16_t {
   abort_process = 1,  ///< std::abort(): dies with SIGABRT
   kill_self = 2,      ///< SIGKILL to itself (as the OOM killer would)
   hang = 3,           ///< stops answering anything, forever (a kernel that never ends)
-  exit_cleanly = 5,   ///< exits with status 0 (a worker that quits on its own)
-  // 4 is kept for the illegal-address fault, which comes with the GPU work path.
+  /// a kernel writes to address 0x10: an illegal-address fault, sticky (sent
+  /// as op_code::fault, answered like an operation)
+  illegal_address = 4,
+  exit_cleanly = 5,  ///< exits with status 0 (a worker that quits on its own)
+  /// a kernel that never ends (sent as op_code::fault: never answered)
+  hang_kernel = 6,
 };
 
 struct header {
@@ -54,6 +88,106 @@ struct hello_fixed {
   std::int32_t arena_mapped = 0;  ///< 1: the shared arena is mapped in the worker
   std::int32_t reserved = 0;
 };
+
+/// What pong carries: the device's memory (cudaMemGetInfo in the worker,
+/// at the ping), so that statistics() needs no round trip.
+struct pong_payload {
+  std::uint64_t free_bytes = 0;
+  std::uint64_t total_bytes = 0;
+};
+
+/// A buffer as the worker knows it: its handle, and the view's element
+/// offset and count (checked in the service, checked again in the worker).
+struct ref_arg {
+  std::uint64_t handle = 0;
+  std::uint64_t offset = 0;
+  std::uint64_t count = 0;
+};
+
+struct alloc_args {
+  std::uint64_t handle = 0;
+  std::uint64_t count = 0;
+  std::uint32_t type = 0;  ///< a dtype
+  std::uint32_t reserved = 0;
+};
+
+/// upload: arena bytes [arena_offset, + ref.count elements) to `ref`;
+/// download: the other way.
+struct transfer_args {
+  ref_arg ref;
+  std::uint64_t arena_offset = 0;
+  std::uint32_t type = 0;  ///< a dtype
+  std::uint32_t reserved = 0;
+};
+
+struct copy_args {
+  ref_arg src, dst;
+  std::uint32_t type = 0;
+  std::uint32_t reserved = 0;
+};
+
+struct fill_args {
+  ref_arg dst;
+  std::uint32_t type = 0;
+  std::uint32_t value = 0;  ///< the byte
+};
+
+/// One blas gemm: the actor (created in the worker at its first call with
+/// these options), the parameters, A, B and C.
+struct gemm_args {
+  std::uint64_t actor = 0;
+  std::uint32_t type = 0;
+  std::uint8_t tf32 = 0;
+  std::uint8_t lt_matmul = 1;
+  std::uint8_t has_streams = 0;
+  std::uint8_t streams = 0;  ///< a stream_policy
+  std::uint64_t max_lanes = 0;
+  std::uint64_t cuda_graph_cache = 0;
+  std::uint8_t transa = 0, transb = 0;
+  std::uint8_t reserved[6] = {};
+  std::int64_t m = 0, n = 0, k = 0, lda = 0, ldb = 0, ldc = 0;
+  double alpha = 1.0, beta = 0.0;
+  ref_arg a, b, c;
+};
+
+/// A trivially copyable value as a payload.
+template <class T>
+std::string_view bytes_of(const T& v) {
+  return std::string_view(reinterpret_cast<const char*>(&v), sizeof v);
+}
+
+/// The value at the start of `p`, if it holds one.
+template <class T>
+bool read_pod(const std::vector<char>& p, T& out) {
+  if (p.size() < sizeof out) return false;
+  std::memcpy(&out, p.data(), sizeof out);
+  return true;
+}
+
+/// An error as a reply's payload: code, native status, library, message.
+inline std::string encode_error(std::int32_t code, std::int32_t native, std::string_view library,
+                                std::string_view message) {
+  std::string out;
+  const std::int32_t head[3] = {code, native, static_cast<std::int32_t>(library.size())};
+  out.append(reinterpret_cast<const char*>(head), sizeof head);
+  out.append(library);
+  out.append(message);
+  return out;
+}
+
+/// The parts of encode_error's payload; false if it is malformed.
+inline bool decode_error(const std::vector<char>& p, std::int32_t& code, std::int32_t& native,
+                         std::string& library, std::string& message) {
+  std::int32_t head[3];
+  if (p.size() < sizeof head) return false;
+  std::memcpy(head, p.data(), sizeof head);
+  if (head[2] < 0 || static_cast<std::size_t>(head[2]) > p.size() - sizeof head) return false;
+  code = head[0];
+  native = head[1];
+  library.assign(p.data() + sizeof head, static_cast<std::size_t>(head[2]));
+  message.assign(p.data() + sizeof head + head[2], p.data() + p.size());
+  return true;
+}
 
 /// FNV-1a over `n` bytes (the checksum message's answer).
 inline std::uint64_t fnv1a(const void* p, std::size_t n) {

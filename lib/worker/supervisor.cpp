@@ -94,7 +94,9 @@ struct worker_supervisor::impl : std::enable_shared_from_this<impl> {
         obs(std::move(f)),
         exe(std::move(exe_path)),
         budget(opt.budget),
-        timer(strand) {}
+        timer(strand) {
+    stats.restarts_left = opt.budget.max_restarts;
+  }
 
   asio::strand<asio::any_io_executor> strand;
   const worker_options opt;
@@ -134,6 +136,14 @@ struct worker_supervisor::impl : std::enable_shared_from_this<impl> {
   std::string arena_name;
   std::uint64_t next_request = 1;
   std::map<std::uint64_t, std::function<void(result<std::uint64_t>)>> pending;
+  /// Operations sent (or held for the hello), by id, with their deadlines.
+  struct pending_call {
+    reply_fn done;
+    clock::time_point deadline;
+  };
+  std::map<std::uint64_t, pending_call> calls;
+  /// Messages posted while the worker starts: sent after its hello, in order.
+  std::vector<std::vector<std::byte>> early;
   wire::header in_header{};
   std::vector<char> in_payload;
   std::array<char, 4096> err_buf{};
@@ -187,6 +197,7 @@ struct worker_supervisor::impl : std::enable_shared_from_this<impl> {
     running = false;
     failure.reset();
     outq.clear();
+    early.clear();
     writing = false;
     {
       std::lock_guard lk(mu);
@@ -292,6 +303,9 @@ struct worker_supervisor::impl : std::enable_shared_from_this<impl> {
       }
       self->running = true;
       self->last_pong = clock::now();
+      auto held = std::move(self->early);
+      self->early.clear();
+      for (auto& m : held) self->send(std::move(m));
       self->notify(worker_state::running, std::nullopt);
       self->heartbeat(my);
       self->read_loop(my);
@@ -325,8 +339,16 @@ struct worker_supervisor::impl : std::enable_shared_from_this<impl> {
     read_message(my, [self, my] {
       if (self->in_header.type == static_cast<std::uint16_t>(wire::kind::pong)) {
         self->last_pong = clock::now();
+        wire::pong_payload mem;
+        const bool has_mem = wire::read_pod(self->in_payload, mem);
         std::lock_guard lk(self->mu);
         ++self->stats.pongs;
+        if (has_mem) {
+          self->stats.free_bytes = mem.free_bytes;
+          self->stats.total_bytes = mem.total_bytes;
+        }
+      } else if (self->in_header.type == static_cast<std::uint16_t>(wire::kind::reply)) {
+        self->on_reply();
       } else if (self->in_header.type == static_cast<std::uint16_t>(wire::kind::checksum_result)) {
         auto it = self->pending.find(self->in_header.id);
         if (it != self->pending.end()) {
@@ -345,7 +367,78 @@ struct worker_supervisor::impl : std::enable_shared_from_this<impl> {
     });
   }
 
+  void on_reply() {
+    auto it = calls.find(in_header.id);
+    if (it == calls.end()) return;  // never sent by this incarnation: ignored
+    auto done = std::move(it->second.done);
+    calls.erase(it);
+    {
+      std::lock_guard lk(mu);
+      stats.calls_pending = calls.size();
+    }
+    if (in_header.arg == 0) return done(std::move(in_payload));
+    std::int32_t code = 0, native = 0;
+    std::string lib, msg;
+    if (!wire::decode_error(in_payload, code, native, lib, msg) || code <= 0 ||
+        code > static_cast<std::int32_t>(errc::not_supported))
+      return done(make_error(errc::library, "the worker sent a malformed error"));
+    done(gpu_error(static_cast<errc>(code), library_name(lib), native, std::move(msg)));
+  }
+
+  /// The string literal gpu_error keeps for a library named by the worker.
+  static std::string_view library_name(const std::string& lib) {
+    for (std::string_view known : {"cuda", "cublas", "cudnn", "cufft", "curand", "atomr"})
+      if (lib == known) return known;
+    return "atomr";
+  }
+
+  /// A call past its deadline without a reply: the worker is hung.
+  bool check_deadlines() {
+    if (calls.empty()) return true;
+    const auto now = clock::now();
+    for (const auto& [id, c] : calls) {
+      if (c.deadline > now) continue;
+      end(with_tail(errc::timeout,
+                    "an operation on the worker (pid " + std::to_string(proc->id()) +
+                        ") had no answer by its deadline (its timeout plus the hang margin): "
+                        "the worker is hung (a kernel that never ends?) and was killed"));
+      return false;
+    }
+    return true;
+  }
+
+  void post_call(std::uint16_t op, std::string payload, clock::time_point deadline,
+                 std::uint64_t incarnation, reply_fn done) {
+    if (incarnation != 0 && incarnation != inc)
+      return done(make_error(errc::stale_ref,
+                             "the request's arena block belongs to an earlier worker (restarted)"));
+    if (ended || stopping.load() || (!running && restarting_now())) {
+      return done(make_error(errc::device_unavailable,
+                             stopping.load() ? "the isolated device's worker is stopped"
+                                             : "the isolated device's worker is restarting"));
+    }
+    const auto id = next_request++;
+    calls.emplace(id, pending_call{std::move(done), deadline});
+    {
+      std::lock_guard lk(mu);
+      stats.calls_pending = calls.size();
+    }
+    send_or_hold(wire::encode(wire::kind::call, op, id, payload));
+  }
+
+  /// True while a restarted (not the first) worker starts: calls fail fast.
+  bool restarting_now() const { return inc > 1; }
+
+  void send_or_hold(std::vector<std::byte> msg) {
+    if (ended) return;
+    if (running)
+      send(std::move(msg));
+    else
+      early.push_back(std::move(msg));
+  }
+
   void heartbeat(std::uint64_t my) {
+    if (!check_deadlines()) return;
     const auto silent = clock::now() - last_pong;
     if (silent > opt.heartbeat_timeout) {
       const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(silent).count();
@@ -437,6 +530,14 @@ struct worker_supervisor::impl : std::enable_shared_from_this<impl> {
     auto waiting = std::move(pending);
     pending.clear();
     for (auto& [id, done] : waiting) done(e);
+    auto ops = std::move(calls);
+    calls.clear();
+    early.clear();
+    {
+      std::lock_guard lk(mu);
+      stats.calls_pending = 0;
+    }
+    for (auto& [id, c] : ops) c.done(e);
   }
 
   void close_io() {
@@ -467,7 +568,14 @@ struct worker_supervisor::impl : std::enable_shared_from_this<impl> {
     const auto why = failure.value_or(make_error(errc::context_poisoned, "the worker ended"));
     notify(worker_state::failed, why);
     const bool can_start = why.code() != errc::device_unavailable;  // no executable: no retry
-    if (can_start && budget.on_failure(errc::context_poisoned) == decision::restart) {
+    const bool restart =
+        can_start && budget.on_failure(errc::context_poisoned) == decision::restart;
+    {
+      std::lock_guard lk(mu);
+      const auto used = budget.recent_restarts();
+      stats.restarts_left = used >= opt.budget.max_restarts ? 0 : opt.budget.max_restarts - used;
+    }
+    if (restart) {
       {
         std::lock_guard lk(mu);
         ++stats.restarts;
@@ -532,6 +640,7 @@ worker_supervisor::~worker_supervisor() {
     }
     p->close_io();
     p->remove_arena_name();
+    p->fail_pending(make_error(errc::device_unavailable, "the isolated device was shut down"));
     if (p->err) {
       boost::system::error_code ec;
       p->err->close(ec);
@@ -565,6 +674,22 @@ void worker_supervisor::arena_checksum(std::uint64_t offset, std::uint64_t lengt
     const std::uint64_t range[2] = {offset, length};
     p->send(wire::encode(wire::kind::checksum, 0, id,
                          std::string_view(reinterpret_cast<const char*>(range), sizeof range)));
+  });
+}
+
+void worker_supervisor::call(std::uint16_t op, std::string payload,
+                             std::chrono::steady_clock::time_point deadline,
+                             std::uint64_t incarnation, reply_fn done) {
+  asio::post(p_->strand, [p = p_, op, payload = std::move(payload), deadline, incarnation,
+                          done = std::move(done)]() mutable {
+    p->post_call(op, std::move(payload), deadline, incarnation, std::move(done));
+  });
+}
+
+void worker_supervisor::notify_worker(std::uint16_t kind, std::uint16_t arg, std::string payload) {
+  asio::post(p_->strand, [p = p_, kind, arg, payload = std::move(payload)] {
+    if (p->ended || p->stopping.load()) return;
+    p->send_or_hold(wire::encode(static_cast<wire::kind>(kind), arg, 0, payload));
   });
 }
 

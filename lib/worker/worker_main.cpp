@@ -1,25 +1,38 @@
 // atomr-cuda-worker: the process an isolated device runs its GPU work in
 // (docs/design.md, "Isolated device"). Started by the service process's
-// supervisor with the name of an abstract Unix socket to connect to; it
-// answers heartbeats and exits when the service closes the connection, so it
-// never outlives its service. Not meant to be started by hand.
+// supervisor with the name of an abstract Unix socket to connect to. It is an
+// in-process user of this library: it opens the device, registers the shared
+// arena as pinned memory, and runs each request it is sent as the same
+// co_await the service would have made, answering with the result. It exits
+// when the service closes the connection (so it never outlives its service),
+// and after a sticky fault (having answered the request that met it). Not
+// meant to be started by hand.
 //
 // Usage: atomr-cuda-worker --socket NAME [--ordinal N] [--arena NAME --arena-bytes N]
-//                          [--no-cuda] [--test-faults]
-//   --arena        a POSIX shared memory object the service made: the bulk data
-//                  path (mapped here; registered as pinned memory with the GPU
-//                  work path, not built yet)
+//                          [--threads N] [--no-cuda] [--test-faults]
+//   --arena        a POSIX shared memory object the service made: the bulk
+//                  data path, mapped here and registered with cudaHostRegister
+//   --threads      threads running the worker's io_context (default 4)
 //   --no-cuda      do not touch CUDA (the hello reports device_unavailable):
 //                  for the supervision tests on machines without a GPU
-//   --test-faults  accept the fault-injection message (tests only): abort,
-//                  SIGKILL, hang, clean exit
+//   --test-faults  accept fault injection (tests only): abort, SIGKILL, hang,
+//                  clean exit, and as requests an illegal-address kernel and a
+//                  kernel that never ends
 #include "protocol.hpp"
+#include "test_kernels.hpp"
 
-#include <atomr/cuda/error.hpp>
+#include <atomr/cuda.hpp>
+#include <atomr/cuda/detail/buffer_state.hpp>
 
+#include <boost/asio/bind_executor.hpp>
+#include <boost/asio/co_spawn.hpp>
+#include <boost/asio/detached.hpp>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/local/stream_protocol.hpp>
 #include <boost/asio/read.hpp>
+#include <boost/asio/redirect_error.hpp>
+#include <boost/asio/strand.hpp>
+#include <boost/asio/use_awaitable.hpp>
 #include <boost/asio/write.hpp>
 #include <boost/interprocess/mapped_region.hpp>
 #include <boost/interprocess/shared_memory_object.hpp>
@@ -28,25 +41,38 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <atomic>
+#include <complex>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <string>
+#include <deque>
 #include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
 #include <thread>
+#include <unordered_map>
+#include <vector>
 
 namespace asio = boost::asio;
 namespace wire = atomr::cuda::detail::wire;
-using atomr::cuda::errc;
+namespace cu = atomr::cuda;
+using cu::errc;
+using cu::result;
 
 namespace {
+
+/// with_type's argument for a tag it does not know.
+struct unknown_type {};
 
 struct args {
   std::string socket;
   std::string arena;
   std::uint64_t arena_bytes = 0;
   int ordinal = 0;
+  int threads = 4;
   bool no_cuda = false;
   bool test_faults = false;
 };
@@ -54,23 +80,11 @@ struct args {
 int usage(const char* why) {
   std::fprintf(stderr,
                "atomr-cuda-worker: %s\n"
-               "usage: atomr-cuda-worker --socket NAME [--ordinal N] [--no-cuda] [--test-faults]\n"
+               "usage: atomr-cuda-worker --socket NAME [--ordinal N] [--arena NAME --arena-bytes "
+               "N] [--threads N] [--no-cuda] [--test-faults]\n"
                "(started by an isolated atomr::cuda::device; not meant to be run by hand)\n",
                why);
   return 64;
-}
-
-/// Opens the device (cudaSetDevice + cudaFree(0) creates the context): the
-/// hello's status, 0 on success, with CUDA's message otherwise.
-std::pair<int, std::string> open_device(const args& a) {
-  if (a.no_cuda) return {static_cast<int>(errc::device_unavailable), "started with --no-cuda"};
-  if (auto e = cudaSetDevice(a.ordinal); e != cudaSuccess)
-    return {static_cast<int>(errc::device_unavailable),
-            std::string("cudaSetDevice: ") + cudaGetErrorString(e)};
-  if (auto e = cudaFree(nullptr); e != cudaSuccess)
-    return {static_cast<int>(errc::device_unavailable),
-            std::string("cudaFree(0): ") + cudaGetErrorString(e)};
-  return {0, "device " + std::to_string(a.ordinal) + " opened"};
 }
 
 [[noreturn]] void inject(wire::fault_kind f) {
@@ -83,14 +97,477 @@ std::pair<int, std::string> open_device(const args& a) {
       ::kill(::getpid(), SIGKILL);
       break;
     case wire::fault_kind::exit_cleanly:
-      std::exit(0);
+      std::_Exit(0);
     case wire::fault_kind::hang:
-      // Stops answering, which is what a kernel that never ends looks like.
+      // Stops answering, which is what a process stuck in a driver call looks like.
       for (;;) std::this_thread::sleep_for(std::chrono::hours(1));
+    default:
+      break;
   }
   std::fprintf(stderr, "atomr-cuda-worker: unknown fault %d\n", static_cast<int>(f));
-  std::exit(66);
+  std::_Exit(66);
 }
+
+/// Calls f(T{}) for the element type `t` names (any of the twelve); for an
+/// unknown tag, f's result type with invalid_argument. Works for coroutines
+/// too: f then returns an awaitable, which is returned as is.
+template <class F>
+auto with_type(std::uint32_t t, F&& f) -> decltype(f(float{})) {
+  switch (static_cast<cu::dtype>(t)) {
+    case cu::dtype::f32:
+      return f(float{});
+    case cu::dtype::f64:
+      return f(double{});
+    case cu::dtype::f16:
+      return f(cu::half{});
+    case cu::dtype::bf16:
+      return f(cu::bfloat16{});
+    case cu::dtype::c32:
+      return f(std::complex<float>{});
+    case cu::dtype::c64:
+      return f(std::complex<double>{});
+    case cu::dtype::i8:
+      return f(std::int8_t{});
+    case cu::dtype::i32:
+      return f(std::int32_t{});
+    case cu::dtype::i64:
+      return f(std::int64_t{});
+    case cu::dtype::u8:
+      return f(std::uint8_t{});
+    case cu::dtype::u32:
+      return f(std::uint32_t{});
+    case cu::dtype::u64:
+      return f(std::uint64_t{});
+  }
+  return f(unknown_type{});
+}
+
+/// The worker's state: the device, the buffers and actors the service made,
+/// the arena, and the one connection with its write queue.
+class worker {
+public:
+  worker(asio::io_context& io, asio::local::stream_protocol::socket s, const args& a)
+      : io_(io), sock_(std::move(s)), wstrand_(asio::make_strand(io)), a_(a) {}
+
+  /// Maps the arena and opens the device: the hello's status and message.
+  std::pair<int, std::string> open() {
+    if (!a_.arena.empty()) {
+      namespace ipc = boost::interprocess;
+      try {
+        ipc::shared_memory_object shm(ipc::open_only, a_.arena.c_str(), ipc::read_write);
+        arena_ = std::make_unique<ipc::mapped_region>(shm, ipc::read_write, 0, a_.arena_bytes);
+      } catch (const std::exception& e) {
+        std::fprintf(stderr, "atomr-cuda-worker: cannot map the arena %s: %s\n", a_.arena.c_str(),
+                     e.what());
+      }
+    }
+    if (a_.no_cuda) return {static_cast<int>(errc::device_unavailable), "started with --no-cuda"};
+    auto d = cu::device::open(io_.get_executor(), a_.ordinal);
+    if (!d) return {static_cast<int>(d.error().code()), d.error().message()};
+    dev_ = d.value();
+    if (arena_) {
+      // The DMA engines read and write the arena directly: no staging copy.
+      if (auto e =
+              cudaHostRegister(arena_->get_address(), arena_->get_size(), cudaHostRegisterDefault);
+          e != cudaSuccess)
+        return {static_cast<int>(errc::device_unavailable),
+                std::string("cudaHostRegister of the arena: ") + cudaGetErrorString(e)};
+    }
+    return {0, "device " + std::to_string(a_.ordinal) + " opened"};
+  }
+
+  bool arena_mapped() const { return arena_ != nullptr; }
+
+  /// Sends one message (any thread); writes are serialised on a strand.
+  void send(std::vector<std::byte> msg) {
+    asio::post(wstrand_, [this, msg = std::move(msg)]() mutable {
+      outq_.push_back(std::move(msg));
+      if (!writing_) write_next();
+    });
+  }
+
+  asio::awaitable<void> read_loop() {
+    std::vector<char> payload;
+    for (;;) {
+      wire::header h;
+      boost::system::error_code ec;
+      co_await asio::async_read(sock_, asio::buffer(&h, sizeof h),
+                                asio::redirect_error(asio::use_awaitable, ec));
+      if (ec) quit(0);  // the service closed the connection (or is gone)
+      if (h.size > wire::max_payload) {
+        std::fprintf(stderr, "atomr-cuda-worker: message of %u bytes refused\n", h.size);
+        quit(65);
+      }
+      payload.resize(h.size);
+      if (h.size)
+        co_await asio::async_read(sock_, asio::buffer(payload),
+                                  asio::redirect_error(asio::use_awaitable, ec));
+      if (ec) quit(0);
+      on_message(h, payload);
+    }
+  }
+
+private:
+  struct buffer_entry {
+    std::shared_ptr<cu::detail::buffer_state> st;
+    std::optional<cu::gpu_error> failed;  // the allocation's error
+  };
+
+  [[noreturn]] void quit(int code) {
+    std::fflush(stderr);
+    std::_Exit(code);
+  }
+
+  void write_next() {
+    if (outq_.empty()) {
+      writing_ = false;
+      if (dying_.load()) {
+        std::fprintf(stderr, "atomr-cuda-worker: the context is poisoned; exiting\n");
+        quit(3);
+      }
+      return;
+    }
+    writing_ = true;
+    asio::async_write(
+        sock_, asio::buffer(outq_.front()),
+        asio::bind_executor(wstrand_, [this](boost::system::error_code ec, std::size_t) {
+          outq_.pop_front();
+          if (ec) quit(0);
+          write_next();
+        }));
+  }
+
+  void on_message(const wire::header& h, const std::vector<char>& payload) {
+    switch (static_cast<wire::kind>(h.type)) {
+      case wire::kind::ping: {
+        wire::pong_payload mem;
+        if (dev_ && dev_.accepting()) {
+          std::size_t f = 0, t = 0;
+          if (cudaMemGetInfo(&f, &t) == cudaSuccess) {
+            mem.free_bytes = f;
+            mem.total_bytes = t;
+          } else {
+            cudaGetLastError();
+          }
+        }
+        send(wire::encode(wire::kind::pong, 0, h.id, wire::bytes_of(mem)));
+        return;
+      }
+      case wire::kind::bye:
+        quit(0);
+      case wire::kind::checksum:
+        return checksum(h, payload);
+      case wire::kind::fault:
+        if (!a_.test_faults) {
+          std::fprintf(stderr, "atomr-cuda-worker: fault injection refused (no --test-faults)\n");
+          return;
+        }
+        inject(static_cast<wire::fault_kind>(h.arg));
+      case wire::kind::release:
+        return release(h, payload);
+      case wire::kind::call:
+        if (static_cast<wire::op_code>(h.arg) == wire::op_code::alloc) return alloc(payload);
+        // Each request runs as its own coroutine: the next message is read
+        // while its GPU work runs.
+        asio::co_spawn(io_, run_call(h.id, static_cast<wire::op_code>(h.arg), payload),
+                       asio::detached);
+        return;
+      default:
+        std::fprintf(stderr, "atomr-cuda-worker: unknown message type %u ignored\n",
+                     static_cast<unsigned>(h.type));
+        return;
+    }
+  }
+
+  void checksum(const wire::header& h, const std::vector<char>& payload) {
+    if (!a_.test_faults) return;
+    std::uint64_t range[2] = {0, 0};
+    if (payload.size() >= sizeof range) std::memcpy(range, payload.data(), sizeof range);
+    const bool ok =
+        arena_ && range[0] <= arena_->get_size() && range[1] <= arena_->get_size() - range[0];
+    std::uint64_t hash = 0;
+    if (ok)
+      hash = wire::fnv1a(static_cast<const char*>(arena_->get_address()) + range[0], range[1]);
+    send(wire::encode(wire::kind::checksum_result, ok ? 0 : 1, h.id, wire::bytes_of(hash)));
+  }
+
+  void release(const wire::header& h, const std::vector<char>& payload) {
+    std::uint64_t id = 0;
+    if (!wire::read_pod(payload, id)) return;
+    std::lock_guard lk(mu_);
+    if (static_cast<wire::release_kind>(h.arg) == wire::release_kind::buffer)
+      buffers_.erase(id);  // freed stream-ordered once the work using it is done
+    else
+      actors_.erase(id);
+  }
+
+  /// Allocates in the read loop, so that it happens before any later request.
+  void alloc(const std::vector<char>& payload) {
+    wire::alloc_args a;
+    if (!wire::read_pod(payload, a)) return;
+    buffer_entry e;
+    if (!dev_) {
+      e.failed = cu::make_error(errc::device_unavailable, "the worker has no device");
+    } else {
+      auto r = with_type(a.type, [&](auto t) -> result<void> {
+        using T = decltype(t);
+        if constexpr (std::is_same_v<T, unknown_type>) {
+          return cu::make_error(errc::invalid_argument, "worker: unknown element type");
+        } else {
+          BOOST_OUTCOME_TRY(auto ref, dev_.allocate<T>(a.count));
+          e.st = ref.state();
+          return cu::outcome::success();
+        }
+      });
+      if (!r) e.failed = r.error();
+    }
+    std::lock_guard lk(mu_);
+    buffers_[a.handle] = std::move(e);
+  }
+
+  /// The view `r` of a buffer of element type T, checked.
+  template <class T>
+  result<cu::gpu_ref<T>> view(const wire::ref_arg& r) {
+    std::shared_ptr<cu::detail::buffer_state> st;
+    {
+      std::lock_guard lk(mu_);
+      auto it = buffers_.find(r.handle);
+      if (it == buffers_.end())
+        return cu::make_error(errc::stale_ref,
+                              "buffer " + std::to_string(r.handle) +
+                                  " is unknown to this worker (freed, or made before a restart)");
+      if (it->second.failed) return *it->second.failed;
+      st = it->second.st;
+    }
+    if (st->type != cu::dtype_of<T>)
+      return cu::make_error(errc::invalid_argument, "worker: buffer of another element type");
+    if (r.offset > st->count || r.count > st->count - r.offset)
+      return cu::make_error(errc::invalid_argument, "worker: view outside its buffer");
+    return cu::gpu_ref<T>(std::move(st), r.offset, r.count);
+  }
+
+  /// Arena bytes [off, off + bytes), checked.
+  result<std::byte*> arena_at(std::uint64_t off, std::uint64_t bytes) {
+    if (!arena_ || off > arena_->get_size() || bytes > arena_->get_size() - off)
+      return cu::make_error(errc::invalid_argument, "worker: range outside the arena");
+    return static_cast<std::byte*>(arena_->get_address()) + off;
+  }
+
+  result<cu::stream> transfer_stream() {
+    return dev_.acquire_stream(cu::stream_policy::pooled, "worker");
+  }
+
+  /// A host <-> device copy between the arena (registered: DMA) and `ref`.
+  template <class T>
+  asio::awaitable<result<void>> arena_copy(const wire::transfer_args& a, bool up) {
+    BOOST_OUTCOME_CO_TRY(auto ref, view<T>(a.ref));
+    BOOST_OUTCOME_CO_TRY(std::byte * host, arena_at(a.arena_offset, ref.size_bytes()));
+    BOOST_OUTCOME_CO_TRY(auto s, transfer_stream());
+    const auto how = dev_.options().default_completion;
+    auto r = co_await cu::run_kernel(
+        "cuda", s, how, std::tuple<>{}, [&](cu::launch& l) -> result<cu::gpu_ref<T>> {
+          cudaError_t e;
+          if (up) {
+            BOOST_OUTCOME_TRY(T * p, l.write(ref));
+            e = cudaMemcpyAsync(p, host, ref.size_bytes(), cudaMemcpyHostToDevice,
+                                l.native_stream());
+          } else {
+            BOOST_OUTCOME_TRY(const T* p, l.read(ref));
+            e = cudaMemcpyAsync(host, p, ref.size_bytes(), cudaMemcpyDeviceToHost,
+                                l.native_stream());
+          }
+          if (e != cudaSuccess) return cu::classify(e, "cudaMemcpyAsync");
+          return ref;
+        });
+    if (!r) co_return r.error();
+    co_return cu::outcome::success();
+  }
+
+  template <class T>
+  asio::awaitable<result<void>> gemm(const wire::gemm_args& w) {
+    BOOST_OUTCOME_CO_TRY(auto a, view<T>(w.a));
+    BOOST_OUTCOME_CO_TRY(auto b, view<T>(w.b));
+    BOOST_OUTCOME_CO_TRY(auto c, view<T>(w.c));
+    BOOST_OUTCOME_CO_TRY(auto actor, blas_for(w));
+    cu::gemm_params p;
+    p.transa = static_cast<cu::blas_op>(w.transa);
+    p.transb = static_cast<cu::blas_op>(w.transb);
+    p.m = w.m;
+    p.n = w.n;
+    p.k = w.k;
+    p.lda = w.lda;
+    p.ldb = w.ldb;
+    p.ldc = w.ldc;
+    p.alpha = w.alpha;
+    p.beta = w.beta;
+    BOOST_OUTCOME_CO_TRY(co_await actor.gemm(p, a, b, c));
+    co_return cu::outcome::success();
+  }
+
+  /// The worker's actor for the service's actor `w.actor`, made at its first
+  /// call with the service actor's options; its math mode follows set_tf32.
+  result<cu::blas_actor> blas_for(const wire::gemm_args& w) {
+    std::lock_guard lk(mu_);
+    auto it = actors_.find(w.actor);
+    if (it == actors_.end()) {
+      cu::blas_options o;
+      if (w.has_streams) o.streams = static_cast<cu::stream_policy>(w.streams);
+      o.tf32 = w.tf32 != 0;
+      o.lt_matmul = w.lt_matmul != 0;
+      o.max_lanes = w.max_lanes;
+      o.cuda_graph_cache = w.cuda_graph_cache;
+      BOOST_OUTCOME_TRY(auto made, cu::blas_actor::create(dev_, o));
+      it = actors_.emplace(w.actor, std::move(made)).first;
+    }
+    if (it->second.tf32() != (w.tf32 != 0)) {
+      BOOST_OUTCOME_TRY(it->second.set_tf32(w.tf32 != 0));
+    }
+    return it->second;
+  }
+
+  asio::awaitable<result<void>> fault(std::uint16_t kind) {
+    if (!a_.test_faults)
+      co_return cu::make_error(errc::invalid_argument,
+                               "worker: fault injection refused (no --test-faults)");
+    std::shared_ptr<cu::test::test_kernels> k;
+    {
+      std::lock_guard lk(mu_);
+      if (!kernels_) {
+        try {
+          kernels_ = std::make_shared<cu::test::test_kernels>();
+        } catch (const std::exception& e) {
+          co_return cu::make_error(errc::library, std::string("worker: test kernels: ") + e.what());
+        }
+      }
+      k = kernels_;
+    }
+    BOOST_OUTCOME_CO_TRY(auto s, transfer_stream());
+    const auto f = static_cast<wire::fault_kind>(kind);
+    std::fprintf(stderr, "atomr-cuda-worker: injecting GPU fault %d on request\n", kind);
+    auto r = co_await cu::run_kernel(
+        "cuda", s, dev_.options().default_completion, std::tuple<>{},
+        [&](cu::launch& l) -> result<std::tuple<>> {
+          cudaError_t e =
+              f == wire::fault_kind::illegal_address
+                  ? k->write_to(l.native_stream(), 0x10, 1)
+                  : k->spin(l.native_stream(), 1e12);  // never ends, as far as anyone waits
+          if (e != cudaSuccess) return cu::classify(e, "cudaLaunchKernel");
+          return std::tuple<>{};
+        });
+    if (!r) co_return r.error();
+    co_return cu::outcome::success();
+  }
+
+  asio::awaitable<result<void>> dispatch(wire::op_code op, const std::vector<char>& payload) {
+    if (!dev_) co_return cu::make_error(errc::device_unavailable, "the worker has no device");
+    auto bad = [] { return cu::make_error(errc::invalid_argument, "worker: short request"); };
+    switch (op) {
+      case wire::op_code::upload:
+      case wire::op_code::download: {
+        wire::transfer_args a;
+        if (!wire::read_pod(payload, a)) co_return bad();
+        const bool up = op == wire::op_code::upload;
+        co_return co_await typed(a.type, [&](auto t) -> asio::awaitable<result<void>> {
+          co_return co_await arena_copy<decltype(t)>(a, up);
+        });
+      }
+      case wire::op_code::copy: {
+        wire::copy_args a;
+        if (!wire::read_pod(payload, a)) co_return bad();
+        co_return co_await typed(a.type, [&](auto t) -> asio::awaitable<result<void>> {
+          using T = decltype(t);
+          BOOST_OUTCOME_CO_TRY(auto src, view<T>(a.src));
+          BOOST_OUTCOME_CO_TRY(auto dst, view<T>(a.dst));
+          BOOST_OUTCOME_CO_TRY(auto s, transfer_stream());
+          BOOST_OUTCOME_CO_TRY(co_await cu::copy(src, dst, {.on = s}));
+          co_return cu::outcome::success();
+        });
+      }
+      case wire::op_code::fill_bytes: {
+        wire::fill_args a;
+        if (!wire::read_pod(payload, a)) co_return bad();
+        co_return co_await typed(a.type, [&](auto t) -> asio::awaitable<result<void>> {
+          using T = decltype(t);
+          BOOST_OUTCOME_CO_TRY(auto dst, view<T>(a.dst));
+          BOOST_OUTCOME_CO_TRY(auto s, transfer_stream());
+          BOOST_OUTCOME_CO_TRY(
+              co_await cu::fill_bytes(dst, static_cast<unsigned char>(a.value), {.on = s}));
+          co_return cu::outcome::success();
+        });
+      }
+      case wire::op_code::gemm: {
+        wire::gemm_args w;
+        if (!wire::read_pod(payload, w)) co_return bad();
+        co_return co_await typed(w.type, [&](auto t) -> asio::awaitable<result<void>> {
+          using T = decltype(t);
+          if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double> ||
+                        std::is_same_v<T, cu::half> || std::is_same_v<T, cu::bfloat16>)
+            co_return co_await gemm<T>(w);
+          else
+            co_return cu::make_error(errc::invalid_argument, "worker: gemm of this element type");
+        });
+      }
+      case wire::op_code::fault: {
+        std::uint16_t k = 0;
+        if (!wire::read_pod(payload, k)) co_return bad();
+        co_return co_await fault(k);
+      }
+      default:
+        co_return cu::make_error(errc::not_supported, "worker: unknown request");
+    }
+  }
+
+  /// Awaits f(T{}) for the element type `t` (any of the twelve).
+  template <class F>
+  asio::awaitable<result<void>> typed(std::uint32_t t, F&& f) {
+    return with_type(t, [&](auto v) -> asio::awaitable<result<void>> {
+      if constexpr (std::is_same_v<decltype(v), unknown_type>)
+        return unknown_tag();
+      else
+        return f(v);
+    });
+  }
+  static asio::awaitable<result<void>> unknown_tag() {
+    co_return cu::make_error(errc::invalid_argument, "worker: unknown element type");
+  }
+
+  asio::awaitable<void> run_call(std::uint64_t id, wire::op_code op, std::vector<char> payload) {
+    result<void> r = cu::outcome::success();
+    if (dying_.load()) {
+      r = cu::make_error(errc::context_poisoned,
+                         "the worker's CUDA context is poisoned by an earlier fault; it exits");
+    } else {
+      try {
+        r = co_await dispatch(op, payload);
+      } catch (const std::exception& e) {
+        r = cu::make_error(errc::library, std::string("worker: ") + e.what());
+      }
+    }
+    if (r) {
+      send(wire::encode(wire::kind::reply, 0, id));
+      co_return;
+    }
+    const auto& e = r.error();
+    if (e.code() == errc::context_poisoned) dying_.store(true);  // exit once answered
+    send(wire::encode(wire::kind::reply, 1, id,
+                      wire::encode_error(static_cast<std::int32_t>(e.code()), e.native_status(),
+                                         e.library(), e.message())));
+  }
+
+  asio::io_context& io_;
+  asio::local::stream_protocol::socket sock_;
+  asio::strand<asio::io_context::executor_type> wstrand_;
+  const args& a_;
+  std::unique_ptr<boost::interprocess::mapped_region> arena_;
+  cu::device dev_;
+  std::mutex mu_;
+  std::unordered_map<std::uint64_t, buffer_entry> buffers_;   // guarded by mu_
+  std::unordered_map<std::uint64_t, cu::blas_actor> actors_;  // guarded by mu_
+  std::shared_ptr<cu::test::test_kernels> kernels_;           // guarded by mu_
+  std::deque<std::vector<std::byte>> outq_;                   // on wstrand_
+  bool writing_ = false;                                      // on wstrand_
+  std::atomic<bool> dying_{false};
+};
 
 }  // namespace
 
@@ -106,6 +583,8 @@ int main(int argc, char** argv) {
       a.arena_bytes = std::strtoull(argv[++i], nullptr, 10);
     else if (s == "--ordinal" && i + 1 < argc)
       a.ordinal = std::atoi(argv[++i]);
+    else if (s == "--threads" && i + 1 < argc)
+      a.threads = std::max(1, std::atoi(argv[++i]));
     else if (s == "--no-cuda")
       a.no_cuda = true;
     else if (s == "--test-faults")
@@ -125,74 +604,17 @@ int main(int argc, char** argv) {
                  ec.message().c_str());
     return 69;
   }
-  // The shared arena: mapped before the hello, so that the service may
-  // remove its name once the hello says it is mapped.
-  std::unique_ptr<boost::interprocess::mapped_region> arena;
-  if (!a.arena.empty()) {
-    namespace ipc = boost::interprocess;
-    try {
-      ipc::shared_memory_object shm(ipc::open_only, a.arena.c_str(), ipc::read_write);
-      arena = std::make_unique<ipc::mapped_region>(shm, ipc::read_write, 0, a.arena_bytes);
-    } catch (const std::exception& e) {
-      std::fprintf(stderr, "atomr-cuda-worker: cannot map the arena %s: %s\n", a.arena.c_str(),
-                   e.what());
-    }
-  }
-  const auto [status, message] = open_device(a);
+  worker w(io, std::move(sock), a);
+  // The arena is mapped before the hello, so that the service may remove its
+  // name once the hello says it is mapped.
+  const auto [status, message] = w.open();
   if (status != 0) std::fprintf(stderr, "atomr-cuda-worker: %s\n", message.c_str());
-  asio::write(sock,
-              asio::buffer(
-                  wire::encode(wire::kind::hello, 0, 0,
-                               wire::hello_payload(::getpid(), status, arena != nullptr, message))),
-              ec);
-  if (ec) return 70;
-
-  std::vector<char> payload;
-  for (;;) {
-    wire::header h;
-    asio::read(sock, asio::buffer(&h, sizeof h), ec);
-    if (ec) return 0;  // the service closed the connection (or is gone): exit
-    if (h.size > wire::max_payload) {
-      std::fprintf(stderr, "atomr-cuda-worker: message of %u bytes refused\n", h.size);
-      return 65;
-    }
-    payload.resize(h.size);
-    if (h.size) asio::read(sock, asio::buffer(payload), ec);
-    if (ec) return 0;
-    switch (static_cast<wire::kind>(h.type)) {
-      case wire::kind::ping:
-        asio::write(sock, asio::buffer(wire::encode(wire::kind::pong, 0, h.id)), ec);
-        if (ec) return 0;
-        break;
-      case wire::kind::bye:
-        return 0;
-      case wire::kind::checksum: {
-        if (!a.test_faults) break;
-        std::uint64_t range[2] = {0, 0};
-        if (payload.size() >= sizeof range) std::memcpy(range, payload.data(), sizeof range);
-        const bool ok =
-            arena && range[0] <= arena->get_size() && range[1] <= arena->get_size() - range[0];
-        std::uint64_t hash = 0;
-        if (ok)
-          hash = wire::fnv1a(static_cast<const char*>(arena->get_address()) + range[0], range[1]);
-        asio::write(sock,
-                    asio::buffer(wire::encode(
-                        wire::kind::checksum_result, ok ? 0 : 1, h.id,
-                        std::string_view(reinterpret_cast<const char*>(&hash), sizeof hash))),
-                    ec);
-        if (ec) return 0;
-        break;
-      }
-      case wire::kind::fault:
-        if (!a.test_faults) {
-          std::fprintf(stderr, "atomr-cuda-worker: fault injection refused (no --test-faults)\n");
-          break;
-        }
-        inject(static_cast<wire::fault_kind>(h.arg));
-      default:
-        std::fprintf(stderr, "atomr-cuda-worker: unknown message type %u ignored\n",
-                     static_cast<unsigned>(h.type));
-        break;
-    }
-  }
+  w.send(wire::encode(wire::kind::hello, 0, 0,
+                      wire::hello_payload(::getpid(), status, w.arena_mapped(), message)));
+  asio::co_spawn(io, w.read_loop(), asio::detached);
+  std::vector<std::thread> more;
+  for (int i = 1; i < a.threads; ++i) more.emplace_back([&] { io.run(); });
+  io.run();
+  for (auto& t : more) t.join();
+  return 0;
 }

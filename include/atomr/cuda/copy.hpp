@@ -3,6 +3,7 @@
 
 #include <atomr/cuda/async.hpp>
 #include <atomr/cuda/completion.hpp>
+#include <atomr/cuda/detail/remote_ops.hpp>
 #include <atomr/cuda/device.hpp>
 #include <atomr/cuda/gpu_ref.hpp>
 #include <atomr/cuda/pinned.hpp>
@@ -131,6 +132,12 @@ asio::awaitable<result<R>> ready_error(gpu_error e) {
   co_return e;
 }
 
+/// A view as an isolated device's transfers take it.
+template <element T>
+remote_view view_of(const gpu_ref<T>& r) {
+  return {r.state(), r.offset(), r.size()};
+}
+
 /// The pageable upload's staging, done on the calling thread at the call:
 /// checks, then a pinned block from the device's pool holding a copy of `src`.
 template <element T>
@@ -152,6 +159,19 @@ result<pinned_buffer<T>> stage_upload(std::span<const T> src, const gpu_ref<T>& 
 template <element T>
 asio::awaitable<result<gpu_ref<T>>> upload(std::span<const T> src, gpu_ref<T> dst,
                                            transfer_options o = {}) {
+  if (detail::is_remote(dst.state().get())) {
+    // Checked and copied into the arena here, at the call, as in process.
+    if (auto ok = detail::same_size("upload", src.size(), dst.size()); !ok)
+      return detail::ready_error<gpu_ref<T>>(ok.error());
+    auto staged =
+        detail::remote_stage_upload(detail::view_of(dst), src.data(), src.size_bytes(), o.on);
+    if (!staged) return detail::ready_error<gpu_ref<T>>(staged.error());
+    return [](std::shared_ptr<detail::remote_staging> s, gpu_ref<T> d,
+              std::optional<completion> how) -> asio::awaitable<result<gpu_ref<T>>> {
+      BOOST_OUTCOME_CO_TRY(co_await detail::remote_upload(std::move(s), how));
+      co_return d;
+    }(std::move(staged).value(), std::move(dst), o.how);
+  }
   auto staged = detail::stage_upload(src, dst, o);
   if (!staged) return detail::ready_error<gpu_ref<T>>(staged.error());
   return detail::upload_pinned(std::move(staged).value(), std::move(dst), std::move(o), true);
@@ -192,6 +212,9 @@ template <element T>
 asio::awaitable<result<void>> download(gpu_ref<T> src, std::span<T> dst, transfer_options o = {}) {
   BOOST_OUTCOME_CO_TRY(detail::same_size("download", src.size(), dst.size()));
   if (!src.state()) co_return make_error(errc::invalid_argument, "download: empty gpu_ref");
+  if (detail::is_remote(src.state().get()))
+    co_return co_await detail::remote_download(detail::view_of(src), dst.data(), dst.size_bytes(),
+                                               o.on, o.how);
   if (auto* unit = detail::unit_of(co_await asio::this_coro::executor); unit && unit->capture)
     co_return detail::pageable_not_recordable("download");
   BOOST_OUTCOME_CO_TRY(auto staging, device(src.state()->dev).allocate_pinned<T>(src.size()));
@@ -224,6 +247,13 @@ template <element T>
 asio::awaitable<result<gpu_ref<T>>> copy(gpu_ref<T> src, gpu_ref<T> dst, transfer_options o = {}) {
   BOOST_OUTCOME_CO_TRY(detail::same_size("copy", src.size(), dst.size()));
   BOOST_OUTCOME_CO_TRY(detail::disjoint(src, dst));
+  if (detail::is_remote(dst.state().get()) || detail::is_remote(src.state().get())) {
+    if (!src.state() || !dst.state())
+      co_return make_error(errc::invalid_argument, "copy: empty gpu_ref");
+    BOOST_OUTCOME_CO_TRY(
+        co_await detail::remote_copy(detail::view_of(src), detail::view_of(dst), o.on, o.how));
+    co_return dst;
+  }
   BOOST_OUTCOME_CO_TRY(
       auto where,
       detail::resolve_transfer(dst, o, detail::unit_of(co_await asio::this_coro::executor)));
@@ -241,6 +271,10 @@ asio::awaitable<result<gpu_ref<T>>> copy(gpu_ref<T> src, gpu_ref<T> dst, transfe
 template <element T>
 asio::awaitable<result<gpu_ref<T>>> fill_bytes(gpu_ref<T> dst, unsigned char value,
                                                transfer_options o = {}) {
+  if (detail::is_remote(dst.state().get())) {
+    BOOST_OUTCOME_CO_TRY(co_await detail::remote_fill(detail::view_of(dst), value, o.on, o.how));
+    co_return dst;
+  }
   BOOST_OUTCOME_CO_TRY(
       auto where,
       detail::resolve_transfer(dst, o, detail::unit_of(co_await asio::this_coro::executor)));

@@ -5,6 +5,7 @@
 #include <atomr/cuda/element.hpp>
 #include <atomr/cuda/error.hpp>
 #include <atomr/cuda/stream.hpp>
+#include <atomr/cuda/supervision.hpp>
 
 #include <boost/asio/any_completion_handler.hpp>
 #include <boost/asio/any_io_executor.hpp>
@@ -17,6 +18,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 namespace atomr::cuda {
 
@@ -31,6 +33,35 @@ struct library_set {
   bool cudnn = true;
   bool cufft = true;
   bool curand = true;
+};
+
+/// The isolated device mode (docs/design.md, "Isolated device"): the CUDA
+/// context lives in a worker process (`atomr-cuda-worker`) that the device
+/// starts, watches and restarts after a sticky fault, a crash or a hang; the
+/// service process never initialises CUDA.
+struct isolation_options {
+  /// Off: the device runs in this process (the default).
+  bool enabled = false;
+  /// The worker executable; empty: $ATOMR_CUDA_WORKER, else the one built
+  /// or installed with the library.
+  std::string worker_executable;
+  /// Restarts allowed after a fault, crash or hang; one more stops the device.
+  restart_budget budget{};
+  /// A heartbeat every `heartbeat`; no answer within `heartbeat_timeout`: hung.
+  std::chrono::milliseconds heartbeat{100};
+  std::chrono::milliseconds heartbeat_timeout{2000};
+  /// An operation still unanswered `hang_margin` after its own deadline (its
+  /// completion timeout; `max_op_time` for one without) is a hang: the
+  /// worker is killed and restarted, and every pending operation fails with
+  /// timeout. 1 ms to 1 hour each.
+  std::chrono::milliseconds hang_margin{2000};
+  std::chrono::milliseconds max_op_time{60000};
+  /// Shared memory for bulk data (uploads, downloads), registered as pinned
+  /// memory in the worker. Larger transfers go through it in pieces.
+  /// 1 MiB to 16 GiB.
+  std::size_t arena_bytes = std::size_t{256} << 20;
+  /// More arguments for the worker (tests: "--test-faults").
+  std::vector<std::string> worker_args;
 };
 
 /// Settings fixed when a device is first opened.
@@ -68,6 +99,8 @@ struct device_options {
   /// microseconds; docs/design.md, "launch threads"). Spinning costs CPU only
   /// right after work, never on an idle device. 0 to 10000 us.
   std::chrono::microseconds launch_spin{50};
+  /// Run the device in a supervised worker process (isolation_options::enabled).
+  isolation_options isolation{};
 };
 
 /// invalid_argument naming the first option out of its documented range
@@ -75,12 +108,17 @@ struct device_options {
 /// device checks its options with this first.
 result<void> check_device_options(const device_options& o);
 
-/// The device's health. Moves only forward: healthy -> poisoned or stopped.
+/// The device's health. In process it moves only forward: healthy ->
+/// poisoned or stopped. An isolated device starts in `starting` and, after
+/// a fault, goes poisoned -> restarting -> healthy (a new worker) or stopped
+/// (the restart budget is spent).
 enum class health_state : std::uint8_t {
   healthy,      ///< serving
   poisoned,     ///< a sticky fault hit the context; every call fails with the fault
-  stopped,      ///< stop() was called
+  stopped,      ///< stop() was called (or, isolated, the restart budget is spent)
   unavailable,  ///< no usable GPU at this ordinal (see device::status())
+  starting,     ///< isolated: the first worker is starting; operations wait for it
+  restarting,   ///< isolated: a new worker is starting; operations fail at once
 };
 
 std::string_view to_string(health_state h) noexcept;
@@ -108,6 +146,14 @@ struct device_statistics {
   /// holds outstanding work of the device's executor until it has run).
   std::size_t host_fns_pending = 0;
   std::uint64_t generation = 0;
+  /// Isolated devices: worker restarts so far, restarts the budget still
+  /// allows in its window, the worker's pid (0: none), operations sent to
+  /// it and not answered, and whether the device is isolated at all.
+  bool isolated = false;
+  std::uint64_t worker_restarts = 0;
+  std::size_t restarts_left = 0;
+  int worker_pid = 0;
+  std::size_t worker_calls_pending = 0;
   health_state health = health_state::unavailable;
 };
 
@@ -160,8 +206,10 @@ public:
   const device_options& options() const noexcept;
 
   health_state health() const noexcept;
-  /// True while the device takes new work (healthy).
+  /// True while the device takes new work (healthy; isolated: also starting).
   bool accepting() const noexcept;
+  /// True for a device opened with isolation_options::enabled.
+  bool isolated() const noexcept;
   /// Bumped by a sticky fault or stop(); refs from older generations are stale.
   std::uint64_t generation() const noexcept;
   /// Success while accepting; otherwise the reason (the first fault, stop, or
@@ -201,7 +249,9 @@ public:
   void stop();
 
   /// Completes (signature void(health_state)) with the new health the next
-  /// time it changes, or at once if the device is not healthy.
+  /// time it changes, or at once if the device is not healthy (isolated:
+  /// stopped or unavailable; from starting, poisoned and restarting it waits
+  /// for the next change, as a new worker follows).
   /// An empty handle completes at once with health_state::unavailable.
   template <class Token = asio::default_completion_token_t<asio::any_io_executor>>
   auto async_wait_health_change(Token&& token = {}) {

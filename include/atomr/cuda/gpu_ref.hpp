@@ -52,8 +52,13 @@ public:
 
   /// The raw device pointer, validated but NOT ordered against other streams:
   /// prefer run_kernel's launch::read / launch::write, which are.
+  /// not_supported for a buffer of an isolated device (it lives in the
+  /// worker process; there is no pointer in this one).
   result<T*> unsafe_data() const {
     BOOST_OUTCOME_TRY(check());
+    if (st_->remote_handle != 0)
+      return make_error(errc::not_supported,
+                        "unsafe_data: the buffer lives in the isolated device's worker process");
     return static_cast<T*>(st_->ptr) + offset_;
   }
 

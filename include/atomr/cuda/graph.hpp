@@ -4,6 +4,7 @@
 #include <atomr/cuda/async.hpp>
 #include <atomr/cuda/completion.hpp>
 #include <atomr/cuda/compose.hpp>
+#include <atomr/cuda/detail/remote_ops.hpp>
 #include <atomr/cuda/detail/unit_capture.hpp>
 #include <atomr/cuda/detail/unit_recorder.hpp>
 #include <atomr/cuda/device.hpp>
@@ -89,6 +90,7 @@ private:
 template <class... T>
 asio::awaitable<result<recorded_unit>> record(device dev, asio::awaitable<result<T>>... steps) {
   if (auto ok = dev.status(); !ok) co_return ok.error();
+  if (dev.isolated()) co_return detail::isolated_not_supported("record");
   if constexpr (sizeof...(T) == 0) {
     co_return make_error(errc::invalid_argument, "record: no steps");
   } else {

@@ -37,6 +37,8 @@ struct buffer_state {
   const std::size_t count;
   const dtype type;
   const std::uint64_t generation;
+  /// Isolated devices: the worker's handle for this allocation (ptr is null).
+  std::uint64_t remote_handle = 0;
 
   std::mutex mu;
   access_stamp last_write;          ///< guarded by mu

@@ -82,6 +82,12 @@ struct worker_statistics {
   /// int; 0: opened), and its message.
   int device_status = -1;
   std::string device_message;
+  /// The device's memory at the last heartbeat (0 before the first pong).
+  std::uint64_t free_bytes = 0, total_bytes = 0;
+  /// Operations sent and not answered yet.
+  std::size_t calls_pending = 0;
+  /// Restarts the budget allows in its window, as of the last failure.
+  std::size_t restarts_left = 0;
 };
 
 /// Starts, watches and restarts one worker process. Runs on its executor's
@@ -122,6 +128,24 @@ public:
                       std::function<void(result<std::uint64_t>)> done);
   /// The current worker's arena (empty before the first hello and after stop).
   worker_arena arena() const;
+
+  /// What a call is answered with: the value's bytes, or the error.
+  using reply_fn = std::function<void(result<std::vector<char>>)>;
+  /// Sends one operation (wire::kind::call with `op`) and runs `done` on the
+  /// supervisor's strand with the worker's reply, or with the worker's
+  /// failure (at once when it ends, restarts or is stopped; a pending call
+  /// never hangs). Sent at once while a worker runs; held and sent after the
+  /// hello while the first worker starts; failed with device_unavailable
+  /// otherwise. No reply by `deadline` (time_point::max(): none) is a hang:
+  /// the worker is killed (and restarted) and every pending call fails with
+  /// timeout. Messages from one thread are sent in the order posted.
+  /// `incarnation` non-zero: the call refers to that worker's arena, so it
+  /// fails with stale_ref (nothing sent) on any other.
+  void call(std::uint16_t op, std::string payload, std::chrono::steady_clock::time_point deadline,
+            std::uint64_t incarnation, reply_fn done);
+  /// Sends a message that has no answer (alloc, release), in order with
+  /// calls; dropped when no worker runs or starts.
+  void notify_worker(std::uint16_t kind, std::uint16_t arg, std::string payload);
 
   worker_statistics statistics() const;
   /// The current (or last) worker's last stderr lines, oldest first.

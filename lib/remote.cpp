@@ -1,0 +1,480 @@
+// The service side of an isolated device (docs/design.md, "Isolated device").
+#include "remote.hpp"
+
+#include "device_impl.hpp"
+
+#include <atomr/cuda/detail/remote_ops.hpp>
+#include <atomr/cuda/gpu_ref.hpp>
+
+#include <boost/asio/append.hpp>
+#include <boost/asio/associated_cancellation_slot.hpp>
+#include <boost/asio/associated_executor.hpp>
+#include <boost/asio/async_result.hpp>
+#include <boost/asio/bind_executor.hpp>
+#include <boost/asio/dispatch.hpp>
+#include <boost/asio/post.hpp>
+#include <boost/asio/redirect_error.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <boost/asio/strand.hpp>
+#include <boost/asio/this_coro.hpp>
+#include <boost/asio/use_awaitable.hpp>
+
+#include <algorithm>
+#include <cstring>
+
+namespace atomr::cuda::detail {
+
+using clock = std::chrono::steady_clock;
+
+// ---------------------------------------------------------------- the arena
+
+arena_space::arena_space(worker_arena a) : map_(std::move(a)) {
+  const std::size_t usable = map_.size & ~std::size_t{255};
+  if (usable) free_.emplace(0, usable);
+}
+
+std::optional<std::size_t> arena_space::take(std::size_t bytes) {
+  bytes = round(std::max<std::size_t>(bytes, 1));
+  std::lock_guard lk(mu_);
+  for (auto it = free_.begin(); it != free_.end(); ++it) {
+    if (it->second < bytes) continue;
+    const std::size_t off = it->first, left = it->second - bytes;
+    free_.erase(it);
+    if (left) free_.emplace(off + bytes, left);
+    return off;
+  }
+  return std::nullopt;
+}
+
+void arena_space::give(std::size_t offset, std::size_t bytes) {
+  bytes = round(std::max<std::size_t>(bytes, 1));
+  std::lock_guard lk(mu_);
+  auto [it, ok] = free_.emplace(offset, bytes);
+  if (!ok) return;  // given twice: a bug, but never a corrupted map
+  if (auto next = std::next(it); next != free_.end() && it->first + it->second == next->first) {
+    it->second += next->second;
+    free_.erase(next);
+  }
+  if (it != free_.begin()) {
+    auto prev = std::prev(it);
+    if (prev->first + prev->second == it->first) {
+      prev->second += it->second;
+      free_.erase(it);
+    }
+  }
+}
+
+// ---------------------------------------------------------------- the link
+
+result<void> remote_device::start(const std::weak_ptr<device_impl>& self) {
+  const auto& iso = dev_.options.isolation;
+  worker_options o;
+  o.executable = iso.worker_executable;
+  o.ordinal = dev_.ordinal;
+  o.extra_args = iso.worker_args;
+  o.budget = iso.budget;
+  o.heartbeat = iso.heartbeat;
+  o.heartbeat_timeout = iso.heartbeat_timeout;
+  o.arena_bytes = iso.arena_bytes;
+  auto observer = [self](const worker_event& ev) {
+    if (auto d = self.lock(); d && d->remote) d->remote->on_event(ev);
+  };
+  BOOST_OUTCOME_TRY(sup_, worker_supervisor::start(dev_.executor, std::move(o), observer));
+  return outcome::success();
+}
+
+void remote_device::on_event(const worker_event& ev) {
+  switch (ev.state) {
+    case worker_state::starting:
+      return;  // health is already starting (first) or restarting
+    case worker_state::running: {
+      const auto st = sup_ ? sup_->statistics() : worker_statistics{};
+      if (st.device_status != 0) {
+        dev_.remote_unavailable(
+            make_error(errc::device_unavailable,
+                       "isolated device " + std::to_string(dev_.ordinal) +
+                           ": the worker could not open the GPU: " + st.device_message));
+        return;
+      }
+      dev_.remote_health(health_state::healthy, std::nullopt);
+      return;
+    }
+    case worker_state::failed:
+      dev_.remote_health(health_state::poisoned, ev.error);
+      return;
+    case worker_state::restarting:
+      dev_.remote_health(health_state::restarting, ev.error);
+      return;
+    case worker_state::stopped:
+      dev_.remote_health(health_state::stopped, ev.error);
+      return;
+  }
+}
+
+void remote_device::shutdown() {
+  std::shared_ptr<worker_supervisor> s;
+  {
+    std::lock_guard lk(mu_);
+    s = std::move(sup_);
+    arena_.reset();
+  }
+  // The supervisor's destructor kills and reaps a running worker.
+}
+
+void remote_device::stop() {
+  if (sup_) sup_->stop();
+}
+
+clock::time_point remote_device::deadline(const completion& how) const {
+  const auto& iso = dev_.options.isolation;
+  const auto own = how.timeout == no_timeout
+                       ? std::chrono::duration_cast<clock::duration>(iso.max_op_time)
+                       : std::chrono::duration_cast<clock::duration>(how.timeout);
+  return clock::now() + own + iso.hang_margin;
+}
+
+std::size_t remote_device::piece_bytes() const noexcept {
+  return std::max<std::size_t>(256, (dev_.options.isolation.arena_bytes / 4) & ~std::size_t{255});
+}
+
+result<std::shared_ptr<arena_block>> remote_device::try_block(std::size_t bytes) {
+  if (!sup_) return make_error(errc::device_unavailable, "the isolated device is shut down");
+  std::shared_ptr<arena_space> a;
+  {
+    std::lock_guard lk(mu_);
+    const auto now = sup_->arena();
+    if (!now.data)
+      return make_error(errc::device_unavailable, "the isolated device's worker has no arena");
+    if (!arena_ || arena_->incarnation() != now.incarnation)
+      arena_ = std::make_shared<arena_space>(now);
+    a = arena_;
+  }
+  const std::size_t want = std::min(bytes, piece_bytes());
+  auto off = a->take(want);
+  if (!off) return std::shared_ptr<arena_block>{};
+  return std::make_shared<arena_block>(a, *off, want);
+}
+
+void remote_device::send_alloc(std::uint64_t handle, std::size_t count, std::uint32_t type) {
+  wire::alloc_args a;
+  a.handle = handle;
+  a.count = count;
+  a.type = type;
+  if (sup_)
+    sup_->notify_worker(static_cast<std::uint16_t>(wire::kind::call),
+                        static_cast<std::uint16_t>(wire::op_code::alloc),
+                        std::string(wire::bytes_of(a)));
+}
+
+void remote_device::release(wire::release_kind k, std::uint64_t id) {
+  if (sup_)
+    sup_->notify_worker(static_cast<std::uint16_t>(wire::kind::release),
+                        static_cast<std::uint16_t>(k), std::string(wire::bytes_of(id)));
+}
+
+worker_statistics remote_device::worker_stats() const {
+  return sup_ ? sup_->statistics() : worker_statistics{};
+}
+
+wire::ref_arg ref_of(const buffer_state& st, std::size_t offset, std::size_t count) {
+  return {st.remote_handle, offset, count};
+}
+
+// ---------------------------------------------------------------- one request
+
+namespace {
+
+using reply_t = result<std::vector<char>>;
+
+/// One request's wait: the answer, the timer and the cancellation race for
+/// it; the first one completes the waiter, the others find it done.
+struct call_wait : std::enable_shared_from_this<call_wait> {
+  call_wait(std::shared_ptr<device_impl> d, asio::any_io_executor ex)
+      : dev(std::move(d)), timer_strand(asio::make_strand(std::move(ex))) {}
+
+  std::shared_ptr<device_impl> dev;
+  asio::strand<asio::any_io_executor> timer_strand;
+  std::optional<asio::steady_timer> timer;
+  std::mutex mu;
+  bool done = false;       // the waiter has been completed
+  bool abandoned = false;  // by a timeout or a cancellation: parked until the answer
+  asio::any_completion_handler<void(reply_t)> handler;
+
+  /// `answer`: from the worker (or its end), else the timer or a cancellation.
+  void finish(reply_t r, bool answer) {
+    asio::any_completion_handler<void(reply_t)> h;
+    {
+      std::lock_guard lk(mu);
+      if (done) {
+        if (answer && abandoned) {
+          abandoned = false;
+          --dev->parked_count;
+        }
+        return;
+      }
+      done = true;
+      if (!answer) {
+        abandoned = true;
+        ++dev->parked_count;
+      }
+      h = std::move(handler);
+    }
+    dev->in_flight.add(-1);
+    if (r)
+      dev->completed.add(1);
+    else {
+      dev->failed.add(1);
+      if (r.error().code() == errc::out_of_memory) ++dev->oom;
+    }
+    if (timer)
+      asio::post(timer_strand, [self = shared_from_this()] {
+        if (self->timer) self->timer->cancel();
+      });
+    auto ex = asio::get_associated_executor(h, dev->executor);
+    asio::post(dev->executor, [h = std::move(h), r = std::move(r), ex]() mutable {
+      asio::dispatch(ex, asio::append(std::move(h), std::move(r)));
+    });
+  }
+};
+
+}  // namespace
+
+asio::awaitable<result<std::vector<char>>> remote_call(device_impl& d, wire::op_code op,
+                                                       std::string payload, completion how,
+                                                       std::shared_ptr<void> keep,
+                                                       std::uint64_t inc) {
+  auto self = d.shared_from_this();
+  auto* link = d.remote.get();
+  if (!link || !link->supervisor())
+    co_return make_error(errc::device_unavailable, "the isolated device is shut down");
+  co_return co_await asio::async_initiate<const asio::use_awaitable_t<>, void(reply_t)>(
+      [&](auto handler) {
+        auto w = std::make_shared<call_wait>(self, d.executor);
+        auto slot = asio::get_associated_cancellation_slot(handler);
+        w->handler = std::move(handler);
+        d.in_flight.add(1);
+        if (how.timeout != no_timeout) {
+          w->timer.emplace(w->timer_strand, how.timeout);
+          w->timer->async_wait([w](boost::system::error_code ec) {
+            if (!ec)
+              w->finish(make_error(errc::timeout,
+                                   "the isolated device's request timed out (the "
+                                   "GPU work goes on in the worker)"),
+                        false);
+          });
+        }
+        if (slot.is_connected())
+          slot.assign([w](asio::cancellation_type) {
+            w->finish(make_error(errc::cancelled,
+                                 "the isolated device's request was cancelled "
+                                 "(the GPU work goes on in the worker)"),
+                      false);
+          });
+        link->supervisor()->call(
+            static_cast<std::uint16_t>(op), std::move(payload), link->deadline(how), inc,
+            [w, keep = std::move(keep)](reply_t r) mutable { w->finish(std::move(r), true); });
+      },
+      asio::use_awaitable);
+}
+
+// ---------------------------------------------------------------- transfers
+
+bool is_remote(const buffer_state* st) noexcept {
+  return st && st->dev->remote != nullptr;
+}
+
+std::vector<health_state> health_history(const device_impl& d) {
+  return d.health_history();
+}
+
+gpu_error isolated_not_supported(std::string_view what) {
+  return make_error(errc::not_supported,
+                    std::string(what) +
+                        " is not available on an isolated device (docs/design.md, \"Isolated "
+                        "device\": pinned host buffers, run_kernel, recordings and the cuDNN, "
+                        "cuFFT and cuRAND actors run in process only for now)");
+}
+
+struct remote_staging {
+  remote_view dst;
+  std::size_t bytes = 0;
+  /// Piece i covers bytes [i * piece, ...) of the data: in blocks[i] when
+  /// the arena had room at the call, else in `rest` (from byte rest_from).
+  std::vector<std::shared_ptr<arena_block>> blocks;
+  std::vector<std::byte> rest;
+  std::size_t rest_from = 0;
+};
+
+namespace {
+
+result<void> check_view(std::string_view op, std::string_view arg, const remote_view& v) {
+  BOOST_OUTCOME_TRY(check_buffer(v.st.get(), std::string(op) + ": " + std::string(arg)));
+  if (!v.st->dev->remote)
+    return make_error(errc::invalid_argument, std::string(op) + ": not remote");
+  return outcome::success();
+}
+
+result<void> check_stream(std::string_view op, const remote_view& v, const stream& on) {
+  if (on && on.state()->owner != v.st->dev.get())
+    return make_error(errc::invalid_argument,
+                      std::string(op) + ": the options' stream belongs to another device");
+  return outcome::success();
+}
+
+result<completion> resolve_how(const remote_view& v, const std::optional<completion>& how) {
+  const completion c = how.value_or(v.st->dev->options.default_completion);
+  BOOST_OUTCOME_TRY(check_completion(c));
+  return c;
+}
+
+/// A block of at least min(bytes, piece) bytes, waiting (100 us steps) while
+/// the arena is full; an error when the device stops accepting work.
+asio::awaitable<result<std::shared_ptr<arena_block>>> wait_block(device_impl& d,
+                                                                 std::size_t bytes) {
+  asio::steady_timer t(co_await asio::this_coro::executor);
+  for (;;) {
+    BOOST_OUTCOME_CO_TRY(d.check_accepting());
+    BOOST_OUTCOME_CO_TRY(auto b, d.remote->try_block(bytes));
+    if (b) co_return b;
+    t.expires_after(std::chrono::microseconds(100));
+    boost::system::error_code ec;
+    co_await t.async_wait(asio::redirect_error(asio::use_awaitable, ec));
+    if (ec) co_return make_error(errc::cancelled, "cancelled while waiting for arena space");
+  }
+}
+
+std::string transfer_payload(const remote_view& v, std::size_t elem_off, std::size_t elems,
+                             const arena_block& b) {
+  wire::transfer_args a;
+  a.ref = ref_of(*v.st, v.offset + elem_off, elems);
+  a.arena_offset = b.offset();
+  a.type = static_cast<std::uint32_t>(v.st->type);
+  return std::string(wire::bytes_of(a));
+}
+
+/// One piece's request; `keep`: its block, held until the answer.
+asio::awaitable<result<void>> piece_call(device_impl& d, wire::op_code op, std::string payload,
+                                         completion how, std::shared_ptr<arena_block> b) {
+  const auto inc = b->incarnation();
+  BOOST_OUTCOME_CO_TRY(co_await remote_call(d, op, std::move(payload), how, std::move(b), inc));
+  co_return outcome::success();
+}
+
+}  // namespace
+
+result<std::shared_ptr<remote_staging>> remote_stage_upload(const remote_view& dst, const void* src,
+                                                            std::size_t bytes, const stream& on) {
+  BOOST_OUTCOME_TRY(check_view("upload", "dst", dst));
+  BOOST_OUTCOME_TRY(check_stream("upload", dst, on));
+  auto s = std::make_shared<remote_staging>();
+  s->dst = dst;
+  s->bytes = bytes;
+  auto& link = *dst.st->dev->remote;
+  const std::size_t piece = link.piece_bytes();
+  const auto* from = static_cast<const std::byte*>(src);
+  std::size_t at = 0;
+  while (at < bytes) {
+    const std::size_t n = std::min(piece, bytes - at);
+    BOOST_OUTCOME_TRY(auto b, link.try_block(n));
+    if (!b) break;  // the arena is full: the rest waits in host memory
+    std::memcpy(b->data(), from + at, n);
+    s->blocks.push_back(std::move(b));
+    at += n;
+  }
+  if (at < bytes) {
+    s->rest_from = at;
+    s->rest.assign(from + at, from + bytes);
+  }
+  return s;
+}
+
+asio::awaitable<result<void>> remote_upload(std::shared_ptr<remote_staging> s,
+                                            std::optional<completion> how) {
+  auto& d = *s->dst.st->dev;
+  BOOST_OUTCOME_CO_TRY(auto c, resolve_how(s->dst, how));
+  const std::size_t es = size_of(s->dst.st->type);
+  const std::size_t piece = d.remote->piece_bytes();
+  std::size_t at = 0;
+  for (std::size_t i = 0; at < s->bytes; ++i) {
+    BOOST_OUTCOME_CO_TRY(check_view("upload", "dst", s->dst));
+    std::shared_ptr<arena_block> b;
+    if (i < s->blocks.size()) {
+      b = std::move(s->blocks[i]);
+    } else {
+      BOOST_OUTCOME_CO_TRY(b, co_await wait_block(d, std::min(piece, s->bytes - at)));
+      std::memcpy(b->data(), s->rest.data() + (at - s->rest_from), b->bytes());
+    }
+    const std::size_t n = std::min(b->bytes(), s->bytes - at);
+    auto payload = transfer_payload(s->dst, at / es, n / es, *b);
+    BOOST_OUTCOME_CO_TRY(
+        co_await piece_call(d, wire::op_code::upload, std::move(payload), c, std::move(b)));
+    at += n;
+  }
+  co_return outcome::success();
+}
+
+asio::awaitable<result<void>> remote_download(remote_view src, void* dst, std::size_t bytes,
+                                              const stream& on, std::optional<completion> how) {
+  BOOST_OUTCOME_CO_TRY(check_view("download", "src", src));
+  BOOST_OUTCOME_CO_TRY(check_stream("download", src, on));
+  BOOST_OUTCOME_CO_TRY(auto c, resolve_how(src, how));
+  auto& d = *src.st->dev;
+  const std::size_t es = size_of(src.st->type);
+  std::size_t at = 0;
+  while (at < bytes) {
+    BOOST_OUTCOME_CO_TRY(auto b, co_await wait_block(d, bytes - at));
+    const std::size_t n = std::min(b->bytes(), bytes - at);
+    auto payload = transfer_payload(src, at / es, n / es, *b);
+    BOOST_OUTCOME_CO_TRY(co_await piece_call(d, wire::op_code::download, std::move(payload), c, b));
+    std::memcpy(static_cast<std::byte*>(dst) + at, b->data(), n);
+    at += n;
+  }
+  co_return outcome::success();
+}
+
+asio::awaitable<result<void>> remote_copy(remote_view src, remote_view dst, const stream& on,
+                                          std::optional<completion> how) {
+  BOOST_OUTCOME_CO_TRY(check_view("copy", "src", src));
+  BOOST_OUTCOME_CO_TRY(check_view("copy", "dst", dst));
+  BOOST_OUTCOME_CO_TRY(check_stream("copy", dst, on));
+  if (src.st->dev != dst.st->dev)
+    co_return make_error(errc::invalid_argument, "copy: source and destination on two devices");
+  BOOST_OUTCOME_CO_TRY(auto c, resolve_how(dst, how));
+  wire::copy_args a;
+  a.src = ref_of(*src.st, src.offset, src.count);
+  a.dst = ref_of(*dst.st, dst.offset, dst.count);
+  a.type = static_cast<std::uint32_t>(dst.st->type);
+  BOOST_OUTCOME_CO_TRY(co_await remote_call(*dst.st->dev, wire::op_code::copy,
+                                            std::string(wire::bytes_of(a)), c, nullptr));
+  co_return outcome::success();
+}
+
+asio::awaitable<result<void>> remote_fill(remote_view dst, unsigned char value, const stream& on,
+                                          std::optional<completion> how) {
+  BOOST_OUTCOME_CO_TRY(check_view("fill_bytes", "dst", dst));
+  BOOST_OUTCOME_CO_TRY(check_stream("fill_bytes", dst, on));
+  BOOST_OUTCOME_CO_TRY(auto c, resolve_how(dst, how));
+  wire::fill_args a;
+  a.dst = ref_of(*dst.st, dst.offset, dst.count);
+  a.type = static_cast<std::uint32_t>(dst.st->type);
+  a.value = value;
+  BOOST_OUTCOME_CO_TRY(co_await remote_call(*dst.st->dev, wire::op_code::fill_bytes,
+                                            std::string(wire::bytes_of(a)), c, nullptr));
+  co_return outcome::success();
+}
+
+asio::awaitable<result<void>> inject_isolated_fault(std::shared_ptr<device_impl> dev,
+                                                    std::uint16_t kind, completion how) {
+  if (!dev || !dev->remote || !dev->remote->supervisor())
+    co_return make_error(errc::invalid_argument, "inject_isolated_fault: not an isolated device");
+  const auto k = static_cast<wire::fault_kind>(kind);
+  if (k != wire::fault_kind::illegal_address && k != wire::fault_kind::hang_kernel) {
+    dev->remote->supervisor()->inject_fault(kind);
+    co_return outcome::success();
+  }
+  BOOST_OUTCOME_CO_TRY(co_await remote_call(*dev, wire::op_code::fault,
+                                            std::string(wire::bytes_of(kind)), how, nullptr));
+  co_return outcome::success();
+}
+
+}  // namespace atomr::cuda::detail

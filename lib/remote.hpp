@@ -1,0 +1,128 @@
+// Private: the service side of an isolated device (docs/design.md, "Isolated
+// device"): its worker supervisor, the arena's allocator, and one awaitable
+// request to the worker. Not installed.
+#pragma once
+
+#include "worker/protocol.hpp"
+
+#include <atomr/cuda/completion.hpp>
+#include <atomr/cuda/detail/worker_supervisor.hpp>
+#include <atomr/cuda/device.hpp>
+#include <atomr/cuda/error.hpp>
+
+#include <boost/asio/awaitable.hpp>
+
+#include <atomic>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+namespace atomr::cuda::detail {
+
+class device_impl;
+
+/// The arena of one worker incarnation, and its free space (first fit, 256
+/// byte granules, neighbours merged). Thread-safe.
+class arena_space : public std::enable_shared_from_this<arena_space> {
+public:
+  explicit arena_space(worker_arena a);
+  /// A block of at least `bytes`, or nothing when no free range is that large.
+  std::optional<std::size_t> take(std::size_t bytes);
+  void give(std::size_t offset, std::size_t bytes);
+  std::byte* data() const noexcept { return map_.data; }
+  std::size_t size() const noexcept { return map_.size; }
+  std::uint64_t incarnation() const noexcept { return map_.incarnation; }
+  static std::size_t round(std::size_t bytes) noexcept { return (bytes + 255) & ~std::size_t{255}; }
+
+private:
+  worker_arena map_;
+  std::mutex mu_;
+  std::map<std::size_t, std::size_t> free_;  // offset -> bytes
+};
+
+/// One block of an arena, given back when the last holder drops it: the
+/// request that uses it (until its answer or its worker's end) and the
+/// coroutine that fills or reads it.
+class arena_block {
+public:
+  arena_block(std::shared_ptr<arena_space> a, std::size_t off, std::size_t bytes) noexcept
+      : a_(std::move(a)), off_(off), bytes_(bytes) {}
+  arena_block(const arena_block&) = delete;
+  arena_block& operator=(const arena_block&) = delete;
+  ~arena_block() { a_->give(off_, bytes_); }
+  std::byte* data() const noexcept { return a_->data() + off_; }
+  std::size_t offset() const noexcept { return off_; }
+  std::size_t bytes() const noexcept { return bytes_; }
+  std::uint64_t incarnation() const noexcept { return a_->incarnation(); }
+
+private:
+  std::shared_ptr<arena_space> a_;
+  std::size_t off_, bytes_;
+};
+
+/// The isolated device's link to its worker. Owned by the device_impl.
+class remote_device {
+public:
+  explicit remote_device(device_impl& d) noexcept : dev_(d) {}
+  remote_device(const remote_device&) = delete;
+  remote_device& operator=(const remote_device&) = delete;
+
+  /// Starts the first worker (asynchronously); device_unavailable when the
+  /// executable is not found. `self` is the device's state (for the observer).
+  result<void> start(const std::weak_ptr<device_impl>& self);
+  /// Kills a running worker (synchronously) and drops the supervisor.
+  void shutdown();
+  void stop();
+
+  /// The request's deadline, after which its worker counts as hung.
+  std::chrono::steady_clock::time_point deadline(const completion& how) const;
+  /// A block of the current worker's arena, at most `max_bytes` and at least
+  /// min(bytes, a quarter of the arena); nothing while the arena is full.
+  result<std::shared_ptr<arena_block>> try_block(std::size_t bytes);
+  /// The largest piece one transfer request moves.
+  std::size_t piece_bytes() const noexcept;
+
+  /// A new handle (buffers) or actor id: never reused in this process.
+  std::uint64_t next_id() noexcept { return next_id_.fetch_add(1, std::memory_order_relaxed); }
+  /// Sends an alloc (no answer).
+  void send_alloc(std::uint64_t handle, std::size_t count, std::uint32_t type);
+  /// Tells the worker that the service dropped a buffer or an actor.
+  void release(wire::release_kind k, std::uint64_t id);
+
+  worker_statistics worker_stats() const;
+  const std::shared_ptr<worker_supervisor>& supervisor() const noexcept { return sup_; }
+
+  /// Parked requests: abandoned by their waiter (timeout, cancellation),
+  /// holding their arena blocks until the answer comes.
+  std::atomic<std::uint64_t> abandoned{0};
+
+private:
+  void on_event(const worker_event& ev);
+
+  device_impl& dev_;
+  std::shared_ptr<worker_supervisor> sup_;
+  std::atomic<std::uint64_t> next_id_{1};
+  mutable std::mutex mu_;
+  std::shared_ptr<arena_space> arena_;  // the current incarnation's
+};
+
+/// One request to the worker of `d`, awaited with `how`'s timeout
+/// (the strategy itself does not apply: the worker waits for the GPU).
+/// Yields the answer's bytes or its error. On timeout or cancellation the
+/// request stays pending with the worker, and `keep` (its arena blocks) is
+/// held until the answer or the worker's end. `incarnation` non-zero: the
+/// worker whose arena the request's blocks are in (stale_ref on another).
+asio::awaitable<result<std::vector<char>>> remote_call(device_impl& d, wire::op_code op,
+                                                       std::string payload, completion how,
+                                                       std::shared_ptr<void> keep,
+                                                       std::uint64_t incarnation = 0);
+
+/// A view's wire form.
+wire::ref_arg ref_of(const buffer_state& st, std::size_t offset, std::size_t count);
+
+}  // namespace atomr::cuda::detail

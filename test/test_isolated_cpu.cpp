@@ -1,0 +1,198 @@
+// The isolated device (issue 20) on a machine without a GPU: the worker is
+// started and watched, its "no GPU" is the device's status, bad input is
+// refused before anything is sent, what the mode does not offer answers
+// not_supported, and no process is left behind.
+#include "io_fixture.hpp"
+
+#include <atomr/cuda.hpp>
+
+#include <doctest/doctest.h>
+
+#include <signal.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <string>
+#include <vector>
+
+#if ATOMR_CUDA_HAS_WORKER
+
+using namespace atomr::cuda;
+using namespace atomr::cuda::test;
+using namespace std::chrono_literals;
+
+namespace {
+
+bool gone(int pid) {
+  return pid > 0 && ::kill(pid, 0) == -1 && errno == ESRCH;
+}
+
+struct iso_fixture : io_fixture {
+  device_options options(std::vector<std::string> args = {"--no-cuda", "--test-faults"}) {
+    device_options o;
+    o.isolation.enabled = true;
+    o.isolation.worker_args = std::move(args);
+    o.isolation.heartbeat = 20ms;
+    o.isolation.heartbeat_timeout = 1000ms;
+    o.isolation.arena_bytes = std::size_t{4} << 20;
+    return o;
+  }
+  bool run_until(const std::function<bool()>& done, std::chrono::milliseconds limit = 10s) {
+    const auto end = std::chrono::steady_clock::now() + limit;
+    while (!done()) {
+      if (std::chrono::steady_clock::now() > end) return false;
+      ioc.restart();
+      ioc.run_for(5ms);
+    }
+    return true;
+  }
+};
+
+/// A worker that starts and never says hello (the device stays starting).
+std::string silent_worker() {
+  const auto p = std::filesystem::temp_directory_path() /
+                 ("atomr-silent-worker-" + std::to_string(::getpid()) + ".sh");
+  {
+    std::ofstream f(p);
+    f << "#!/bin/sh\nexec sleep 600\n";
+  }
+  ::chmod(p.c_str(), 0755);
+  return p.string();
+}
+
+}  // namespace
+
+TEST_CASE_FIXTURE(iso_fixture,
+                  "isolated device without a GPU: the worker's 'no GPU' is the device's status") {
+  int pid = 0;
+  {
+    auto dev = device(ioc.get_executor(), 0, options());
+    CHECK(dev.isolated());
+    // Until the worker's hello the device is starting and takes work.
+    CHECK((dev.health() == health_state::starting || dev.health() == health_state::unavailable));
+    REQUIRE(run_until([&] { return dev.health() == health_state::unavailable; }));
+    auto st = dev.status();
+    REQUIRE_FALSE(st);
+    CHECK(st.error().code() == errc::device_unavailable);
+    CHECK(st.error().message().find("--no-cuda") != std::string::npos);
+    const auto s = dev.statistics();
+    CHECK(s.isolated);
+    CHECK(s.worker_pid > 0);
+    CHECK(s.worker_restarts == 0);
+    pid = s.worker_pid;
+    auto a = dev.allocate<float>(16);
+    REQUIRE_FALSE(a);
+    CHECK(a.error().code() == errc::device_unavailable);
+  }
+  // The device is gone with its last handle: so is its worker, reaped.
+  ioc.restart();
+  ioc.run_for(50ms);
+  CHECK(gone(pid));
+}
+
+TEST_CASE_FIXTURE(iso_fixture, "isolated device: options out of range are refused at open") {
+  auto o = options();
+  o.isolation.arena_bytes = 1024;
+  auto d = device::open(ioc.get_executor(), 0, o);
+  REQUIRE_FALSE(d);
+  CHECK(d.error().code() == errc::invalid_argument);
+  CHECK(d.error().message().find("arena_bytes") != std::string::npos);
+  o = options();
+  o.isolation.heartbeat_timeout = o.isolation.heartbeat;
+  d = device::open(ioc.get_executor(), 0, o);
+  REQUIRE_FALSE(d);
+  CHECK(d.error().message().find("heartbeat_timeout") != std::string::npos);
+  o = options();
+  o.isolation.hang_margin = 0ms;
+  d = device::open(ioc.get_executor(), 0, o);
+  REQUIRE_FALSE(d);
+  CHECK(d.error().message().find("hang_margin") != std::string::npos);
+}
+
+TEST_CASE_FIXTURE(iso_fixture,
+                  "isolated device while its worker starts: bad input fails before anything is "
+                  "sent; run_kernel, pinned buffers, recordings and the other actors are "
+                  "not_supported") {
+  const auto script = silent_worker();
+  auto o = options({});
+  o.isolation.worker_executable = script;
+  int pid = 0;
+  {
+    auto dev = device(ioc.get_executor(), 0, o);
+    REQUIRE(dev.status());
+    CHECK(dev.health() == health_state::starting);
+    REQUIRE(run_until([&] { return dev.statistics().worker_pid > 0; }));
+    pid = dev.statistics().worker_pid;
+    auto x = dev.allocate<float>(64).value();
+    auto y = dev.allocate<float>(64).value();
+    CHECK(x.generation() == dev.generation());
+    auto ptr = x.unsafe_data();
+    REQUIRE_FALSE(ptr);
+    CHECK(ptr.error().code() == errc::not_supported);
+
+    std::vector<float> host(63, 1.0f);
+    auto up = run(upload(host, x));  // 63 elements into 64
+    REQUIRE_FALSE(up);
+    CHECK(up.error().code() == errc::invalid_argument);
+
+    auto blas = blas_actor::create(dev).value();
+    gemm_params p;
+    p.m = p.n = p.k = 8;
+    p.lda = 4;  // < m
+    auto g = run(blas.gemm(p, x, y, x));
+    REQUIRE_FALSE(g);
+    CHECK(g.error().code() == errc::invalid_argument);
+    CHECK(dev.statistics().worker_calls_pending == 0);  // nothing was sent
+
+    auto fused = run(blas.gemm_fused(p, gemm_epilogue::relu, x, y, {}, x));
+    REQUIRE_FALSE(fused);
+    CHECK(fused.error().code() == errc::not_supported);
+    auto k = run(run_kernel("test", dev.main_stream(), event_poll{}, x,
+                            [](launch&) { return std::tuple<>{}; }));
+    REQUIRE_FALSE(k);
+    CHECK(k.error().code() == errc::not_supported);
+    CHECK(k.error().message().find("run_kernel") != std::string::npos);
+    auto pinned = dev.allocate_pinned<float>(16);
+    REQUIRE_FALSE(pinned);
+    CHECK(pinned.error().code() == errc::not_supported);
+#if ATOMR_CUDA_HAS_CUDNN
+    auto dnn = cudnn_actor::create(dev);
+    REQUIRE_FALSE(dnn);
+    CHECK(dnn.error().code() == errc::not_supported);
+#endif
+    auto rec = run(record(dev, fill_bytes(x, 0)));
+    REQUIRE_FALSE(rec);
+    CHECK(rec.error().code() == errc::not_supported);
+  }
+  ioc.restart();
+  ioc.run_for(50ms);
+  CHECK(gone(pid));
+  std::filesystem::remove(script);
+}
+
+TEST_CASE_FIXTURE(
+    iso_fixture, "isolated device: stop() ends its worker; later calls answer device_unavailable") {
+  auto dev = device(ioc.get_executor(), 0, options());
+  REQUIRE(run_until([&] { return dev.statistics().worker_pid > 0; }));
+  const int pid = dev.statistics().worker_pid;
+  const auto gen = dev.generation();
+  dev.stop();
+  CHECK(dev.health() == health_state::stopped);
+  CHECK(dev.generation() == gen + 1);
+  REQUIRE(run_until([&] { return gone(pid); }));
+  auto a = dev.allocate<float>(4);
+  REQUIRE_FALSE(a);
+  CHECK(a.error().code() == errc::device_unavailable);
+  CHECK(a.error().message().find("stopped") != std::string::npos);
+}
+
+#else
+TEST_CASE("isolated device: not built (Boost.Process v2 did not compile)") {
+  MESSAGE("SKIP: the isolated device mode was not built");
+}
+#endif
