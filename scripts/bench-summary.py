@@ -64,6 +64,11 @@ PIPELINE_CPU_RATIO = 1.3
 PIPELINE_TORCH_FACTOR = 5.0
 PIPELINE_GRAPH_RATIO = {"graph": 1.5, "fused_graph": 1.7}  # req/s over raw, issue 19
 PIPELINE_VARIANTS = ("per_op", "composed", "fused", "graph", "fused_graph")  # the issue's variants
+# Issue 20: the isolated device against the in-process one (same run).
+ISOLATION_LATENCY_US = 5.0      # median overhead at sgemm 256
+ISOLATION_THROUGHPUT = 0.8      # of in-process ops/s at T = 8
+ISOLATION_BANDWIDTH = 0.9       # of in-process GB/s
+ISOLATION_RECOVERY_S = 1.0      # median, fault to first successful op
 
 SOURCES = (
     ("latency", "latency.json"),
@@ -74,6 +79,7 @@ SOURCES = (
     ("one_actor", "throughput_one_actor.json"),
     ("pipeline", "pipeline.json"),
     ("pipeline_torch", "torch_pipeline.json"),
+    ("isolation", "isolation.json"),
 )
 
 
@@ -267,6 +273,18 @@ def summarise(docs, directory):
             row["wrong"] = r.get("wrong")
             pipeline.append(row)
     out["pipeline"] = pipeline
+
+    # The isolated device (issue 20): atomr-bench-isolation's rows as they are.
+    isolation = []
+    if "isolation" in docs:
+        for r in rows_of(docs["isolation"], "isolation", "isolation.json",
+                         ("metric", "work", "in_process", "isolated", "unit")):
+            row = {k: r[k] for k in ("metric", "work", "unit")}
+            for k in ("in_process", "isolated", "ratio", "difference"):
+                row[k] = num(r.get(k))
+            row["extra"] = r.get("extra")
+            isolation.append(row)
+    out["isolation"] = isolation
 
     lat = docs.get("latency", {})
     out["idle_cpu_percent"] = num(lat.get("idle_cpu_percent"))
@@ -475,6 +493,36 @@ def targets(s):
         t["pipeline_vs_torch"] = target(
             "every pipeline variant >= 5x PyTorch req/s at the same in-flight depth", "ratio",
             checks)
+
+    # 7. The isolated device (issue 20), only where atomr-bench-isolation ran.
+    if s.get("isolation"):
+        def rows(metric, pred=lambda r: True):
+            return [r for r in s["isolation"] if r["metric"] == metric and pred(r)]
+        checks = [check(r["difference"], ISOLATION_LATENCY_US,
+                        r["difference"] is not None and r["difference"] <= ISOLATION_LATENCY_US,
+                        work=r["work"])
+                  for r in rows("latency", lambda r: r["work"] == "sgemm256")]
+        t["isolation_latency"] = target(
+            "isolated latency overhead <= 5 us median at sgemm 256", "us", checks)
+        checks = [check(r["ratio"], ISOLATION_THROUGHPUT,
+                        r["ratio"] is not None and r["ratio"] >= ISOLATION_THROUGHPUT,
+                        work=r["work"])
+                  for r in rows("throughput", lambda r: r["work"].endswith("T=8"))]
+        t["isolation_throughput"] = target(
+            "isolated throughput >= 80% of in-process at T = 8", "ratio", checks)
+        checks = [check(r["ratio"], ISOLATION_BANDWIDTH,
+                        r["ratio"] is not None and r["ratio"] >= ISOLATION_BANDWIDTH,
+                        work=r["work"])
+                  for r in rows("bandwidth")]
+        t["isolation_bandwidth"] = target(
+            "isolated 256 MiB upload and download bandwidth >= 90% of in-process", "ratio",
+            checks)
+        checks = [check(r["isolated"], ISOLATION_RECOVERY_S,
+                        r["isolated"] is not None and 0 < r["isolated"] <= ISOLATION_RECOVERY_S,
+                        work=r["work"])
+                  for r in rows("recovery")]
+        t["isolation_recovery"] = target(
+            "recovery (fault to first successful op) <= 1 s median", "s", checks)
 
     verdicts = [v["pass"] for v in t.values()]
     t["all_pass"] = None if any(v is None for v in verdicts) else all(verdicts)

@@ -12,7 +12,7 @@ build=${BUILD:-build-gpu}
   { tail -20 "$out/bench-setup.log"; exit 1; }
 ninja -C "$build" >"$out/bench-build.log" 2>&1 || { tail -30 "$out/bench-build.log"; exit 1; }
 rc=0
-for b in ${BENCHES:-latency throughput one_actor streams large torch pipeline torch_pipeline}; do
+for b in ${BENCHES:-latency throughput one_actor streams large torch pipeline torch_pipeline isolation}; do
   echo "=== $b"
   case $b in
     torch) cmd=(python3 bench/peers/torch_small.py --json "$out/torch_peer.json") ;;
