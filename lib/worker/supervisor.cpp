@@ -500,8 +500,10 @@ struct worker_supervisor::impl : std::enable_shared_from_this<impl> {
     }
     if (!ended) {
       ended = true;
-      failure = with_tail(errc::context_poisoned, "the worker (pid " + std::to_string(proc->id()) +
-                                                      ") " + describe_exit(raw));
+      failure = stopping.load() ? make_error(errc::device_unavailable, "stopped")
+                                : with_tail(errc::context_poisoned, "the worker (pid " +
+                                                                        std::to_string(proc->id()) +
+                                                                        ") " + describe_exit(raw));
     }
     finish();
   }

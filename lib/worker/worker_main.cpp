@@ -241,7 +241,7 @@ private:
     switch (static_cast<wire::kind>(h.type)) {
       case wire::kind::ping: {
         wire::pong_payload mem;
-        if (dev_ && dev_.accepting()) {
+        if (dev_ && dev_.accepting() && cudaSetDevice(a_.ordinal) == cudaSuccess) {
           std::size_t f = 0, t = 0;
           if (cudaMemGetInfo(&f, &t) == cudaSuccess) {
             mem.free_bytes = f;
