@@ -158,6 +158,10 @@ double throughput(asio::io_context& ioc, side& s, int n, int threads, double sec
   counting = false;
   const double t1 = bench::now_us();
   stop = true;
+  // The isolated device's heartbeats keep the io_context busy: stop it once
+  // every coroutine has ended.
+  while (left.load() > 0) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  ioc.stop();
   for (auto& t : pool) t.join();
   return static_cast<double>(ops.load()) / ((t1 - t0) / 1e6);
 }
@@ -191,6 +195,7 @@ pipe_result pipeline(asio::io_context& ioc, side& s, int in_flight, double secon
   }
   std::atomic<bool> counting{false}, stop{false};
   std::atomic<long> reqs{0}, wrong{0};
+  std::atomic<int> left{in_flight};
   std::vector<std::vector<double>> lat(slots.size());
   const auto p = square(n);
   for (std::size_t i = 0; i < slots.size(); ++i)
@@ -210,6 +215,7 @@ pipe_result pipeline(asio::io_context& ioc, side& s, int in_flight, double secon
               lat[i].push_back(bench::now_us() - t0);
             }
           }
+          --left;
         },
         asio::detached);
   ioc.restart();
@@ -222,6 +228,8 @@ pipe_result pipeline(asio::io_context& ioc, side& s, int in_flight, double secon
   counting = false;
   const double t1 = bench::now_us();
   stop = true;
+  while (left.load() > 0) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  ioc.stop();
   for (auto& t : pool) t.join();
   pipe_result r;
   r.req_per_s = static_cast<double>(reqs.load()) / ((t1 - t0) / 1e6);
@@ -336,6 +344,7 @@ int main(int argc, char** argv) {
                  const char* unit, bench::json extra = {}) {
     std::printf("%-10s %-22s in_process %12.2f  isolated %12.2f  %s\n", metric, work.c_str(), in,
                 is, unit);
+    std::fflush(stdout);
     rows.push_back(bench::json::object({{"metric", metric},
                                         {"work", work},
                                         {"in_process", in},

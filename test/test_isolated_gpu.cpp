@@ -52,6 +52,19 @@ bool cuda_loaded() {
   return false;
 }
 
+/// The NVIDIA device files this process holds open: cuInit opens
+/// /dev/nvidiactl and a context opens /dev/nvidia<N>, so none means CUDA was
+/// never initialised here.
+std::vector<std::string> nvidia_fds() {
+  std::vector<std::string> out;
+  for (const auto& e : std::filesystem::directory_iterator("/proc/self/fd")) {
+    std::error_code ec;
+    const auto target = std::filesystem::read_symlink(e.path(), ec);
+    if (!ec && target.string().rfind("/dev/nvidia", 0) == 0) out.push_back(target.string());
+  }
+  return out;
+}
+
 constexpr int n = 64;  // gemm size of the stress operations
 
 struct iso : io_fixture {
@@ -242,7 +255,7 @@ TEST_CASE_FIXTURE(iso,
                   "isolated: each fault kind with 100 operations in flight: every one completes, "
                   "the worker restarts, old refs are stale, new work is correct") {
   struct kind {
-    const char* name;
+    std::string name;
     wire::fault_kind k;
   };
   for (auto fk :
@@ -544,12 +557,15 @@ int main(int argc, char** argv) {
     std::printf("SKIP: the isolated GPU tests need an NVIDIA driver (/proc/driver/nvidia)\n");
     return 77;
   }
+  const bool loaded_at_start = cuda_loaded();
   doctest::Context ctx(argc, argv);
   const int rc = ctx.run();
-  if (cuda_loaded()) {
-    std::printf("FAIL: libcuda.so is mapped into the service process: it initialised CUDA\n");
+  std::printf("libcuda.so mapped into this process: at start %s, at the end %s\n",
+              loaded_at_start ? "yes" : "no", cuda_loaded() ? "yes" : "no");
+  if (const auto fds = nvidia_fds(); !fds.empty()) {
+    std::printf("FAIL: the service process opened %s: it initialised CUDA\n", fds.front().c_str());
     return 1;
   }
-  std::printf("the service process never loaded libcuda.so\n");
+  std::printf("the service process never opened an NVIDIA device file (CUDA not initialised)\n");
   return rc;
 }
