@@ -99,6 +99,14 @@ struct iso : io_fixture {
     }
     return true;
   }
+  /// Drops the device and runs what its last handlers hold, so that the next
+  /// open() makes a new state (an isolated ordinal's live state would be
+  /// handed out again, with its first opener's options).
+  void drop() {
+    dev = device{};
+    ioc.restart();
+    ioc.run_for(100ms);
+  }
   bool wait_health(health_state h, std::chrono::milliseconds limit = 30s) {
     return run_until([&] { return dev.health() == h; }, limit);
   }
@@ -347,9 +355,7 @@ TEST_CASE_FIXTURE(iso,
     const auto s = dev.statistics();
     CHECK(s.worker_calls_pending == 0);
     blas_holder.reset();
-    dev = device{};
-    ioc.restart();
-    ioc.run_for(20ms);
+    drop();
   }
 }
 
@@ -520,16 +526,17 @@ TEST_CASE_FIXTURE(iso,
   {  // live
     open();
     pids.push_back(dev.statistics().worker_pid);
-    dev = device{};
+    drop();
   }
   {  // dead: the budget spent
     auto o = options();
     o.isolation.budget.max_restarts = 0;
     open(o);
+    REQUIRE(dev.statistics().restarts_left == 0);  // a new state, with these options
     pids.push_back(dev.statistics().worker_pid);
     ::kill(pids.back(), SIGKILL);
     REQUIRE(wait_health(health_state::stopped));
-    dev = device{};
+    drop();
   }
   {  // restarting: killed, then dropped before the new worker's hello
     open();
@@ -540,10 +547,8 @@ TEST_CASE_FIXTURE(iso,
       return s.worker_pid != 0 && s.worker_pid != pids.back();
     }));
     pids.push_back(dev.statistics().worker_pid);
-    dev = device{};
+    drop();
   }
-  ioc.restart();
-  ioc.run_for(50ms);
   for (int p : pids) {
     CAPTURE(p);
     CHECK(gone(p));
