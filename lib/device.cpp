@@ -529,9 +529,12 @@ buffer_state::~buffer_state() {
   cudaStream_t rs = dev->release_stream->native;
   // Stream-ordered free: the release stream waits (on the GPU) for every
   // tracked access, so the memory is reused only after they finished.
-  if (last_write.done) cudaStreamWaitEvent(rs, last_write.done->native_handle(), 0);
+  // (settle(): an event of a unit's run that is not recorded yet.)
+  if (last_write.done && last_write.done->settle() == cudaSuccess)
+    cudaStreamWaitEvent(rs, last_write.done->native_handle(), 0);
   for (auto& r : reads)
-    if (r.done) cudaStreamWaitEvent(rs, r.done->native_handle(), 0);
+    if (r.done && r.done->settle() == cudaSuccess)
+      cudaStreamWaitEvent(rs, r.done->native_handle(), 0);
   cudaFreeAsync(ptr, rs);  // teardown: errors deliberately ignored
 }
 
