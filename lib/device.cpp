@@ -692,6 +692,7 @@ device_statistics device::statistics() const {
   s.parked = d.parked_count.load();
   s.events_created = d.events ? d.events->created() : 0;
   s.ops_batched = d.ops_batched.load();
+  s.unit_events = d.unit_events.load();
   s.batches = d.batches.load();
   s.launch_sleeps = d.polls ? d.polls->launch_sleeps() : 0;
   s.pinned_cached_bytes = d.pinned ? d.pinned->cached_bytes() : 0;

@@ -217,3 +217,55 @@ TEST_CASE_FIXTURE(io_fixture,
   CHECK((*failed)->message().rfind("compose: step 1 of 2: ", 0) == 0);
   CHECK(order.empty());
 }
+
+namespace {
+/// A step that defers a transfer of device `d` (as a unit's leading transfer
+/// given no stream does), yielding 1.
+asio::awaitable<result<int>> deferring_step(device d) {
+  auto* unit = detail::unit_of(co_await asio::this_coro::executor);
+  if (!unit) co_return make_error(errc::invalid_argument, "not in a unit");
+  co_return detail::defer_in_unit(*unit, std::move(d), "cuda", completion{}, 1,
+                                  [](launch&) -> result<int> { return 1; });
+}
+/// A step that enqueues the unit's pending transfers, as the next enqueuing
+/// step does before its own enqueue, and yields its error if that fails.
+asio::awaitable<result<int>> flushing_step(std::vector<int>* order, int id) {
+  order->push_back(id);
+  auto* unit = detail::unit_of(co_await asio::this_coro::executor);
+  if (auto ok = detail::begin_unit_step(*unit, stream{}); !ok) co_return ok.error();
+  co_return id;
+}
+}  // namespace
+
+TEST_CASE_FIXTURE(io_fixture,
+                  "a deferred leading transfer that fails when it is enqueued is named as its own "
+                  "step, whether the next step or the unit's end enqueues it") {
+  std::vector<int> order;
+  bool seen = false;
+  {
+    // Enqueued by step 2 (on no device: no stream can be had for it).
+    detail::unit_recorder rec;
+    std::tuple<std::optional<result<int>>, std::optional<result<int>>, std::optional<result<int>>>
+        got;
+    auto failed =
+        run(run_steps<int, int, int>(&rec, got, deferring_step(device{}), flushing_step(&order, 2),
+                                     ordered_step(&order, 3, &seen, false)));
+    REQUIRE(failed);
+    CHECK(failed->message().rfind("compose: step 1 of 3: ", 0) == 0);
+    CHECK(order == std::vector<int>{2});  // step 3 never started
+    CHECK(rec.pending.empty());
+    CHECK(rec.stages.empty());
+  }
+  order.clear();
+  {
+    // Only transfers before the end: the unit's end enqueues it.
+    detail::unit_recorder rec;
+    std::tuple<std::optional<result<int>>, std::optional<result<int>>> got;
+    auto failed = run(run_steps<int, int>(&rec, got, ordered_step(&order, 1, &seen, false),
+                                          deferring_step(device{})));
+    REQUIRE(failed);
+    CHECK(failed->message().rfind("compose: step 2 of 2: ", 0) == 0);
+    CHECK(order == std::vector<int>{1});
+    CHECK(rec.pending.empty());
+  }
+}

@@ -67,8 +67,12 @@ asio::awaitable<void> await_unit_step(asio::awaitable<result<T>>& step,
 /// The unit's coroutine: every step in order, each only after the one before
 /// it has enqueued; the first error (or a cancellation of the unit seen
 /// between two steps) stops it there, and later steps are never started.
+/// Then the unit's pending transfers are enqueued (a unit of transfers only,
+/// or one whose later step failed before enqueuing anything: the steps before
+/// a failed one always run) and the event of every run is recorded.
 template <class... T, std::size_t... I>
-asio::awaitable<void> unit_body(std::tuple<asio::awaitable<result<T>>&...> steps,
+asio::awaitable<void> unit_body(unit_recorder& rec,
+                                std::tuple<asio::awaitable<result<T>>&...> steps,
                                 std::tuple<std::optional<result<T>>...>& got,
                                 std::optional<gpu_error>& failed, const char* unit,
                                 std::index_sequence<I...>) {
@@ -84,10 +88,18 @@ asio::awaitable<void> unit_body(std::tuple<asio::awaitable<result<T>>&...> steps
           unit_step_error(make_error(errc::cancelled, "cancelled before its enqueue"), k, n, unit);
       co_return;
     }
+    rec.step = k;
     co_await await_unit_step(step, out, k, n, unit);
-    if (!*out) failed = unit_step_error(out->error(), k, n, unit);
+    // A pending transfer this step enqueued failed: that step is named.
+    if (rec.pending_failure)
+      failed = unit_step_error(rec.pending_failure->second, rec.pending_failure->first, n, unit);
+    else if (!*out)
+      failed = unit_step_error(out->error(), k, n, unit);
   };
   ((co_await one(std::get<I>(steps), std::get<I>(got))), ...);
+  if (!rec.pending.empty() && !flush_pending(rec, stream{}) && !failed)
+    failed = unit_step_error(rec.pending_failure->second, rec.pending_failure->first, n, unit);
+  if (auto closed = rec.close_runs(); !closed && !failed) failed = closed.error();
 }
 
 /// Runs `steps` left to right in one coroutine spawned on `ex` (one trip
@@ -101,8 +113,8 @@ asio::awaitable<std::optional<gpu_error>> run_unit_steps(
   const char* unit = ex.recorder()->name;
   try {
     co_await asio::co_spawn(ex,
-                            unit_body<T...>(std::forward_as_tuple(steps...), got, failed, unit,
-                                            std::index_sequence_for<T...>{}),
+                            unit_body<T...>(*ex.recorder(), std::forward_as_tuple(steps...), got,
+                                            failed, unit, std::index_sequence_for<T...>{}),
                             asio::use_awaitable);
   } catch (...) {
     // The unit's coroutine could not run at all (cancelled before it started).
