@@ -112,6 +112,14 @@ result<std::shared_ptr<pooled_event>> join_unit_run(unit_recorder& u, launch& l)
   return ev;
 }
 
+void abandon_unit(unit_recorder& rec, const gpu_error& e) {
+  if (rec.ended) return;
+  rec.ended = true;
+  (void)rec.close_runs();
+  park_all(rec);
+  settle_all(rec, &e);
+}
+
 gpu_error unit_step_error(const gpu_error& e, std::size_t k, std::size_t n, std::string_view unit) {
   return gpu_error(e.code(), e.library(), e.native_status(), step_prefix(k, n, unit) + e.message());
 }

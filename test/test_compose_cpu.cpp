@@ -269,3 +269,54 @@ TEST_CASE_FIXTURE(io_fixture,
     CHECK(rec.pending.empty());
   }
 }
+
+namespace {
+/// Counts the handlers the io_context runs for one unit of two steps that
+/// never suspend, whose end waits once (a timer standing for the GPU wait):
+/// the end inside the unit's coroutine (run_unit, what compose() does) or
+/// after it, in the caller's (the structure before session 19).
+std::size_t handlers_for_unit(asio::io_context& ioc, bool end_inside, bool* end_saw_unit) {
+  std::vector<int> order;
+  bool a = false, b = false;
+  auto finish = [&ioc, end_saw_unit](
+                    detail::unit_recorder& rec,
+                    std::optional<gpu_error> failed) -> asio::awaitable<result<void>> {
+    *end_saw_unit = detail::unit_of(co_await asio::this_coro::executor) == &rec;
+    asio::steady_timer t(ioc, std::chrono::milliseconds(1));
+    co_await t.async_wait(asio::use_awaitable);
+    if (failed) co_return *failed;
+    co_return outcome::success();
+  };
+  auto body = [&]() -> asio::awaitable<void> {
+    detail::unit_recorder rec;
+    const detail::unit_executor ex(co_await asio::this_coro::executor, &rec);
+    std::tuple<std::optional<result<int>>, std::optional<result<int>>> got;
+    auto s1 = ordered_step(&order, 1, &a, false);
+    auto s2 = ordered_step(&order, 2, &b, false);
+    if (end_inside) {
+      auto r = co_await detail::run_unit(ex, got, finish, s1, s2);
+      CHECK(r);
+    } else {
+      auto failed = co_await detail::run_unit_steps(ex, got, s1, s2);
+      auto r = co_await finish(rec, std::move(failed));
+      CHECK(r);
+    }
+  };
+  asio::co_spawn(ioc, body(), asio::detached);
+  ioc.restart();
+  const auto n = ioc.run();
+  CHECK(order == std::vector<int>{1, 2});
+  return n;
+}
+}  // namespace
+
+TEST_CASE_FIXTURE(io_fixture,
+                  "a unit's wait runs in the unit's own coroutine: one trip through the scheduler "
+                  "fewer than waiting after it") {
+  bool inside_saw = false, after_saw = true;
+  const auto inside = handlers_for_unit(ioc, true, &inside_saw);
+  const auto after = handlers_for_unit(ioc, false, &after_saw);
+  CHECK(inside_saw);       // the wait's coroutine is the unit's
+  CHECK_FALSE(after_saw);  // (the caller's is not)
+  CHECK(inside + 1 == after);
+}
