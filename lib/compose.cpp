@@ -74,9 +74,10 @@ result<void> flush_pending(unit_recorder& u, const stream& on) {
       u.pending_failure.emplace(p.step, e);
       return e;
     }
-    l.stamp(done.value());
+    // The stage first, as in enqueue_in_unit: its event is then recorded by the unit.
     u.stages.push_back({l.get_stream(), std::move(done).value(), std::move(keep).value()});
     l.hand_over();
+    l.stamp(u.stages.back().done);
   }
   return outcome::success();
 }

@@ -286,11 +286,13 @@ result<O> enqueue_in_unit(unit_recorder& u, std::string_view library, stream s, 
   if (!keep) return l.fail(keep.error());
   auto done = join_unit_run(u, l);
   if (!done) return l.fail(done.error());
-  l.stamp(done.value());
   using both = std::pair<typename enqueue_keep<Enqueue>::type, O>;
+  // The stage first: a deferred event in a buffer's stamp must be one the
+  // unit records (close_runs, ~unit_recorder), whatever throws after.
   u.stages.push_back({l.get_stream(), std::move(done).value(),
                       std::make_shared<both>(std::move(keep).value(), output)});
   l.hand_over();
+  l.stamp(u.stages.back().done);
   return output;
 }
 
