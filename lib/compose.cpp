@@ -19,7 +19,8 @@ std::string step_prefix(std::size_t k, std::size_t n, std::string_view unit) {
   return std::string(unit) + ": step " + std::to_string(k) + " of " + std::to_string(n) + ": ";
 }
 
-/// Parks every stage's keep-alive (and output) until its own event completes.
+/// Parks every stage's keep-alive (and output) until its own event completes
+/// (the event of its run, recorded after it: close_runs() first).
 void park_all(unit_recorder& rec) {
   for (auto& st : rec.stages)
     if (st.on && st.done) st.on.state()->owner->park(st.done, std::move(st.keep));
@@ -29,6 +30,96 @@ void settle_all(unit_recorder& rec, const gpu_error* e) {
   for (auto& st : rec.stages) settle_unit_op(st.on, e);
 }
 }  // namespace
+
+result<void> unit_recorder::close_runs() {
+  result<void> r = outcome::success();
+  for (auto& st : stages) {
+    if (!st.done) continue;
+    if (auto e = st.done->settle(); e != cudaSuccess && r) r = classify(e, "cudaEventRecord");
+  }
+  return r;
+}
+
+result<void> flush_pending(unit_recorder& u, const stream& on) {
+  auto pending = std::move(u.pending);
+  u.pending.clear();
+  stream pooled;
+  for (auto& p : pending) {
+    stream where = on;
+    if (!where || where.get_device() != p.dev) {
+      if (!pooled || pooled.get_device() != p.dev) {
+        auto got = p.dev.acquire_stream(stream_policy::pooled);
+        if (!got) {
+          u.pending_failure.emplace(p.step, got.error());
+          return got.error();
+        }
+        pooled = std::move(got).value();
+      }
+      where = pooled;
+    }
+    if (auto ok = begin_unit_step(u, where); !ok) {
+      u.pending_failure.emplace(p.step, ok.error());
+      return ok.error();
+    }
+    launch l(where, p.library);
+    auto keep = p.run(p.state.get(), l);
+    if (!keep) {
+      auto e = l.fail(keep.error());
+      u.pending_failure.emplace(p.step, e);
+      return e;
+    }
+    auto done = join_unit_run(u, l);
+    if (!done) {
+      auto e = l.fail(done.error());
+      u.pending_failure.emplace(p.step, e);
+      return e;
+    }
+    // The stage first, as in enqueue_in_unit: its event is then recorded by the unit.
+    u.stages.push_back({l.get_stream(), std::move(done).value(), std::move(keep).value()});
+    l.hand_over();
+    l.stamp(u.stages.back().done);
+  }
+  return outcome::success();
+}
+
+result<void> begin_unit_step(unit_recorder& u, const stream& s) {
+  // Pending transfers first: they go on this step's stream, just before it.
+  if (!u.pending.empty()) {
+    BOOST_OUTCOME_TRY(flush_pending(u, s));
+  }
+  // A step on another stream ends the previous stage's run: its event is
+  // recorded now, not after whatever other coroutines put on that stream
+  // while this unit runs its later steps.
+  if (!u.stages.empty() && u.stages.back().on.id() != s.id())
+    if (auto e = u.stages.back().done->settle(); e != cudaSuccess)
+      return classify(e, "cudaEventRecord");
+  return outcome::success();
+}
+
+result<std::shared_ptr<pooled_event>> join_unit_run(unit_recorder& u, launch& l) {
+  if (!u.stages.empty()) {
+    auto& last = u.stages.back();
+    if (last.on.id() == l.get_stream().id() && last.done->still_deferred()) return last.done;
+  }
+  auto& d = *l.get_stream().state()->owner;
+  shared_event ev;
+  if (auto st = d.events->acquire(ev, false); st != cudaSuccess) {
+    auto e = classify(st, "cudaEventCreateWithFlags");
+    d.note_error(e);
+    return e;
+  }
+  ev->defer_record(l.native_stream());
+  d.unit_events.fetch_add(1, std::memory_order_relaxed);
+  return ev;
+}
+
+void abandon_unit(unit_recorder& rec, const gpu_error& e) {
+  if (rec.ended) return;
+  rec.ended = true;
+  (void)rec.close_runs();
+  park_all(rec);
+  settle_all(rec, &e);
+}
 
 gpu_error unit_step_error(const gpu_error& e, std::size_t k, std::size_t n, std::string_view unit) {
   return gpu_error(e.code(), e.library(), e.native_status(), step_prefix(k, n, unit) + e.message());
@@ -53,6 +144,9 @@ gpu_error unit_step_exception(std::exception_ptr e, std::size_t k, std::size_t n
 
 asio::awaitable<result<void>> finish_unit(unit_recorder& rec, completion how,
                                           std::optional<gpu_error> failed) {
+  // Every run's event is recorded before anything waits on it or parks on it.
+  if (auto closed = rec.close_runs(); !closed && !failed) failed = closed.error();
+  rec.ended = true;
   if (failed) {
     // Steps before the failed one are on the GPU: their inputs and outputs
     // stay alive until it is done with them.

@@ -624,9 +624,12 @@ buffer_state::~buffer_state() {
   cudaStream_t rs = dev->release_stream->native;
   // Stream-ordered free: the release stream waits (on the GPU) for every
   // tracked access, so the memory is reused only after they finished.
-  if (last_write.done) cudaStreamWaitEvent(rs, last_write.done->native_handle(), 0);
+  // (settle(): an event of a unit's run that is not recorded yet.)
+  if (last_write.done && last_write.done->settle() == cudaSuccess)
+    cudaStreamWaitEvent(rs, last_write.done->native_handle(), 0);
   for (auto& r : reads)
-    if (r.done) cudaStreamWaitEvent(rs, r.done->native_handle(), 0);
+    if (r.done && r.done->settle() == cudaSuccess)
+      cudaStreamWaitEvent(rs, r.done->native_handle(), 0);
   cudaFreeAsync(ptr, rs);  // teardown: errors deliberately ignored
 }
 
@@ -809,6 +812,7 @@ device_statistics device::statistics() const {
   s.parked = d.parked_count.load();
   s.events_created = d.events ? d.events->created() : 0;
   s.ops_batched = d.ops_batched.load();
+  s.unit_events = d.unit_events.load();
   s.batches = d.batches.load();
   s.launch_sleeps = d.polls ? d.polls->launch_sleeps() : 0;
   s.pinned_cached_bytes = d.pinned ? d.pinned->cached_bytes() : 0;

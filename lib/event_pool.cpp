@@ -6,6 +6,22 @@ pooled_event::~pooled_event() {
   pool_->give_back(ev_, blocking_);
 }
 
+cudaError_t pooled_event::settle_slow() noexcept {
+  std::lock_guard lk(record_mu_);
+  auto* s = deferred_.load(std::memory_order_relaxed);
+  if (!s) return cudaSuccess;  // another thread recorded it meanwhile
+  const auto st = cudaEventRecord(ev_, s);
+  deferred_.store(nullptr, std::memory_order_release);
+  return st;
+}
+
+bool pooled_event::still_deferred() noexcept {
+  // Under the lock: a record made after this returns true is made after the
+  // caller's enqueue (which happened before the call), so it covers it.
+  std::lock_guard lk(record_mu_);
+  return deferred_.load(std::memory_order_relaxed) != nullptr;
+}
+
 event_pool::~event_pool() {
   std::lock_guard lk(mu_);
   if (abandoned_) return;

@@ -54,6 +54,9 @@ result<void*> launch::access(const std::shared_ptr<detail::buffer_state>& st, bo
   std::lock_guard lk(st->mu);
   auto wait_for = [&](detail::access_stamp& a) -> result<void> {
     if (!a.done || a.stream_id == stream_.id()) return outcome::success();  // stream order suffices
+    // A composed unit's step stamps its buffers with the event of its run of
+    // steps on one stream, recorded when the run ends: record it now.
+    if (auto e = a.done->settle(); e != cudaSuccess) return classify(e, "cudaEventRecord");
     // Work that has finished needs no GPU-side wait, now or ever again: the
     // stamp is dropped (inputs uploaded once on another stream and read many
     // times would otherwise cost a stream wait on every use).

@@ -217,3 +217,106 @@ TEST_CASE_FIXTURE(io_fixture,
   CHECK((*failed)->message().rfind("compose: step 1 of 2: ", 0) == 0);
   CHECK(order.empty());
 }
+
+namespace {
+/// A step that defers a transfer of device `d` (as a unit's leading transfer
+/// given no stream does), yielding 1.
+asio::awaitable<result<int>> deferring_step(device d) {
+  auto* unit = detail::unit_of(co_await asio::this_coro::executor);
+  if (!unit) co_return make_error(errc::invalid_argument, "not in a unit");
+  co_return detail::defer_in_unit(*unit, std::move(d), "cuda", completion{}, 1,
+                                  [](launch&) -> result<int> { return 1; });
+}
+/// A step that enqueues the unit's pending transfers, as the next enqueuing
+/// step does before its own enqueue, and yields its error if that fails.
+asio::awaitable<result<int>> flushing_step(std::vector<int>* order, int id) {
+  order->push_back(id);
+  auto* unit = detail::unit_of(co_await asio::this_coro::executor);
+  if (auto ok = detail::begin_unit_step(*unit, stream{}); !ok) co_return ok.error();
+  co_return id;
+}
+}  // namespace
+
+TEST_CASE_FIXTURE(io_fixture,
+                  "a deferred leading transfer that fails when it is enqueued is named as its own "
+                  "step, whether the next step or the unit's end enqueues it") {
+  std::vector<int> order;
+  bool seen = false;
+  {
+    // Enqueued by step 2 (on no device: no stream can be had for it).
+    detail::unit_recorder rec;
+    std::tuple<std::optional<result<int>>, std::optional<result<int>>, std::optional<result<int>>>
+        got;
+    auto failed =
+        run(run_steps<int, int, int>(&rec, got, deferring_step(device{}), flushing_step(&order, 2),
+                                     ordered_step(&order, 3, &seen, false)));
+    REQUIRE(failed);
+    CHECK(failed->message().rfind("compose: step 1 of 3: ", 0) == 0);
+    CHECK(order == std::vector<int>{2});  // step 3 never started
+    CHECK(rec.pending.empty());
+    CHECK(rec.stages.empty());
+  }
+  order.clear();
+  {
+    // Only transfers before the end: the unit's end enqueues it.
+    detail::unit_recorder rec;
+    std::tuple<std::optional<result<int>>, std::optional<result<int>>> got;
+    auto failed = run(run_steps<int, int>(&rec, got, ordered_step(&order, 1, &seen, false),
+                                          deferring_step(device{})));
+    REQUIRE(failed);
+    CHECK(failed->message().rfind("compose: step 2 of 2: ", 0) == 0);
+    CHECK(order == std::vector<int>{1});
+    CHECK(rec.pending.empty());
+  }
+}
+
+namespace {
+/// Counts the handlers the io_context runs for one unit of two steps that
+/// never suspend, whose end waits once (a timer standing for the GPU wait):
+/// the end inside the unit's coroutine (run_unit, what compose() does) or
+/// after it, in the caller's (the structure before session 19).
+std::size_t handlers_for_unit(asio::io_context& ioc, bool end_inside, bool* end_saw_unit) {
+  std::vector<int> order;
+  bool a = false, b = false;
+  auto finish = [&ioc, end_saw_unit](
+                    detail::unit_recorder& rec,
+                    std::optional<gpu_error> failed) -> asio::awaitable<result<void>> {
+    *end_saw_unit = detail::unit_of(co_await asio::this_coro::executor) == &rec;
+    asio::steady_timer t(ioc, std::chrono::milliseconds(1));
+    co_await t.async_wait(asio::use_awaitable);
+    if (failed) co_return *failed;
+    co_return outcome::success();
+  };
+  auto body = [&]() -> asio::awaitable<void> {
+    detail::unit_recorder rec;
+    const detail::unit_executor ex(co_await asio::this_coro::executor, &rec);
+    std::tuple<std::optional<result<int>>, std::optional<result<int>>> got;
+    auto s1 = ordered_step(&order, 1, &a, false);
+    auto s2 = ordered_step(&order, 2, &b, false);
+    if (end_inside) {
+      auto r = co_await detail::run_unit(ex, got, finish, s1, s2);
+      CHECK(r);
+    } else {
+      auto failed = co_await detail::run_unit_steps(ex, got, s1, s2);
+      auto r = co_await finish(rec, std::move(failed));
+      CHECK(r);
+    }
+  };
+  asio::co_spawn(ioc, body(), asio::detached);
+  ioc.restart();
+  const auto n = ioc.run();
+  CHECK(order == std::vector<int>{1, 2});
+  return n;
+}
+}  // namespace
+
+TEST_CASE_FIXTURE(io_fixture,
+                  "a unit's wait runs in the unit's own coroutine: one trip through the scheduler "
+                  "fewer than waiting after it") {
+  bool inside_saw = false, after_saw = true;
+  const auto inside = handlers_for_unit(ioc, true, &inside_saw);
+  const auto after = handlers_for_unit(ioc, false, &after_saw);
+  CHECK(inside_saw);       // the wait's coroutine is the unit's
+  CHECK_FALSE(after_saw);  // (the caller's is not)
+  CHECK(inside + 1 == after);
+}

@@ -258,3 +258,89 @@ TEST_CASE_FIXTURE(compose_fixture,
   CHECK(std::all_of(out_a.begin() + 1, out_a.end(), [](int x) { return x == 0; }));
   CHECK(std::all_of(out_b.begin(), out_b.end(), [](int x) { return x == 7; }));
 }
+
+TEST_CASE_FIXTURE(compose_fixture,
+                  "compose: a leading upload goes on its next step's stream, and consecutive "
+                  "steps on one stream share one event (device_statistics::unit_events)") {
+  // Step 1, an upload given no stream, is enqueued on the gemm's lane stream
+  // just before the gemm, and the two share one event; then a copy on the
+  // main stream (its own event, after a wait on the gemm's), and a download
+  // following it on the main stream (sharing the copy's event). A missing
+  // wait anywhere shows as NaN in `out`.
+  constexpr int n = 1024;
+  const auto av = random_floats(std::size_t{n} * n, 21), bv = random_floats(std::size_t{n} * n, 22);
+  auto b = alloc<float>(bv.size());
+  REQUIRE(run(upload(bv, b)));
+  for (int round = 0; round < 3; ++round) {
+    CAPTURE(round);
+    auto a = nan_floats(av.size()), c = nan_floats(av.size()), d = nan_floats(av.size());
+    std::vector<float> out(av.size(), std::nanf(""));
+    const auto before = dev.statistics();
+    auto r = run(compose(dev, upload(av, a), blas.gemm(square(n), a, b, c),
+                         copy(c, d, {.on = dev.main_stream()}), download(d, out)));
+    REQUIRE_MESSAGE(r, (r ? "" : r.error().message()));
+    CHECK(gemm_rel_error(av, bv, out, n, 256) < 1e-5);
+    // Before: upload (pooled), gemm (lane), copy (main), download: 4 events.
+    CHECK(dev.statistics().unit_events - before.unit_events == 2);
+    check_settled(before, 4, 0);
+  }
+  // Upload then gemm alone: one stream, one event (the upload on a pooled
+  // stream would have needed its own, and a cross-stream wait).
+  auto a = nan_floats(av.size()), c = nan_floats(av.size());
+  const auto before = dev.statistics();
+  auto r = run(compose(dev, upload(av, a), blas.gemm(square(n), a, b, c)));
+  REQUIRE_MESSAGE(r, (r ? "" : r.error().message()));
+  CHECK(dev.statistics().unit_events - before.unit_events == 1);
+  CHECK(gemm_rel_error(av, bv, download_floats(c), n, 256) < 1e-5);
+  // Transfers only: deferred to the unit's end, then on one pooled stream.
+  std::vector<float> back(av.size(), std::nanf(""));
+  const auto before2 = dev.statistics();
+  auto t = run(compose(dev, upload(av, a), download(a, back)));
+  REQUIRE_MESSAGE(t, (t ? "" : t.error().message()));
+  CHECK(back == av);
+  CHECK(dev.statistics().unit_events - before2.unit_events == 1);
+  check_settled(before2, 2, 0);
+}
+
+TEST_CASE_FIXTURE(compose_fixture,
+                  "compose: an operation outside the unit that meets a step's buffer before the "
+                  "step's run has ended waits for it (the run's event is recorded then)") {
+  // The gemm's event is not recorded at its enqueue (the run may go on on
+  // its stream); a copy awaited by a step on a coroutine of its own (outside
+  // the unit, on the main stream) meets c's stamp and must record it and wait.
+  constexpr int n = 2048;
+  const auto av = random_floats(std::size_t{n} * n, 31), bv = random_floats(std::size_t{n} * n, 32);
+  auto a = alloc<float>(av.size()), b = alloc<float>(bv.size());
+  REQUIRE(run(upload(av, a)));
+  REQUIRE(run(upload(bv, b)));
+  for (int round = 0; round < 3; ++round) {
+    CAPTURE(round);
+    auto c = nan_floats(av.size()), d = nan_floats(av.size());
+    auto outside = [&]() -> asio::awaitable<result<gpu_ref<float>>> {
+      co_return co_await async_from(dev.get_executor(), copy(c, d, {.on = dev.main_stream()}),
+                                    asio::use_awaitable);
+    };
+    auto r = run(compose(dev, blas.gemm(square(n), a, b, c), outside()));
+    REQUIRE_MESSAGE(r, (r ? "" : r.error().message()));
+    CHECK(gemm_rel_error(av, bv, download_floats(d), n, 512) < 1e-5);
+  }
+}
+
+TEST_CASE_FIXTURE(compose_fixture,
+                  "compose: a leading transfer that fails when its next step enqueues it is "
+                  "named as its own step; the next step does not run") {
+  constexpr std::size_t len = 4096;
+  const std::vector<float> ones(len, 1.0f);
+  auto x = nan_floats(len), y = nan_floats(len);
+  completion bad;
+  bad.timeout = std::chrono::nanoseconds{-1};  // checked when the upload is enqueued
+  const auto before = dev.statistics();
+  auto r =
+      run(compose(dev, upload(ones, x, {.how = bad}), fill_bytes(y, 0, {.on = dev.main_stream()})));
+  REQUIRE_FALSE(r);
+  CHECK(r.error().code() == errc::invalid_argument);
+  CHECK(r.error().message().find("compose: step 1 of 2") != std::string::npos);
+  check_settled(before, 0, 1);  // the upload failed; the fill never started
+  CHECK(all_nan(download_floats(x)));
+  CHECK(all_nan(download_floats(y)));
+}

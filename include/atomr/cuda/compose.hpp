@@ -15,6 +15,7 @@
 #include <cstddef>
 #include <exception>
 #include <optional>
+#include <string>
 #include <string_view>
 #include <tuple>
 #include <type_traits>
@@ -67,8 +68,12 @@ asio::awaitable<void> await_unit_step(asio::awaitable<result<T>>& step,
 /// The unit's coroutine: every step in order, each only after the one before
 /// it has enqueued; the first error (or a cancellation of the unit seen
 /// between two steps) stops it there, and later steps are never started.
+/// Then the unit's pending transfers are enqueued (a unit of transfers only,
+/// or one whose later step failed before enqueuing anything: the steps before
+/// a failed one always run) and the event of every run is recorded.
 template <class... T, std::size_t... I>
-asio::awaitable<void> unit_body(std::tuple<asio::awaitable<result<T>>&...> steps,
+asio::awaitable<void> unit_body(unit_recorder& rec,
+                                std::tuple<asio::awaitable<result<T>>&...> steps,
                                 std::tuple<std::optional<result<T>>...>& got,
                                 std::optional<gpu_error>& failed, const char* unit,
                                 std::index_sequence<I...>) {
@@ -84,10 +89,18 @@ asio::awaitable<void> unit_body(std::tuple<asio::awaitable<result<T>>&...> steps
           unit_step_error(make_error(errc::cancelled, "cancelled before its enqueue"), k, n, unit);
       co_return;
     }
+    rec.step = k;
     co_await await_unit_step(step, out, k, n, unit);
-    if (!*out) failed = unit_step_error(out->error(), k, n, unit);
+    // A pending transfer this step enqueued failed: that step is named.
+    if (rec.pending_failure)
+      failed = unit_step_error(rec.pending_failure->second, rec.pending_failure->first, n, unit);
+    else if (!*out)
+      failed = unit_step_error(out->error(), k, n, unit);
   };
   ((co_await one(std::get<I>(steps), std::get<I>(got))), ...);
+  if (!rec.pending.empty() && !flush_pending(rec, stream{}) && !failed)
+    failed = unit_step_error(rec.pending_failure->second, rec.pending_failure->first, n, unit);
+  if (auto closed = rec.close_runs(); !closed && !failed) failed = closed.error();
 }
 
 /// Runs `steps` left to right in one coroutine spawned on `ex` (one trip
@@ -101,14 +114,67 @@ asio::awaitable<std::optional<gpu_error>> run_unit_steps(
   const char* unit = ex.recorder()->name;
   try {
     co_await asio::co_spawn(ex,
-                            unit_body<T...>(std::forward_as_tuple(steps...), got, failed, unit,
-                                            std::index_sequence_for<T...>{}),
+                            unit_body<T...>(*ex.recorder(), std::forward_as_tuple(steps...), got,
+                                            failed, unit, std::index_sequence_for<T...>{}),
                             asio::use_awaitable);
   } catch (...) {
     // The unit's coroutine could not run at all (cancelled before it started).
     if (!failed) failed = unit_step_exception(std::current_exception(), 1, sizeof...(T), unit);
   }
   co_return failed;
+}
+
+/// compose()'s whole unit in its one coroutine: the steps (unit_body), then
+/// the unit's end (`finish`: the wait, compose's finish_unit) on the same
+/// executor. The wait suspends the coroutine, so its completion is what
+/// resumes it and co_spawn's own extra trip (a post before completing, made
+/// only for a coroutine that never suspended) is not taken.
+template <class Finish, class... T, std::size_t... I>
+asio::awaitable<void> unit_whole(unit_recorder& rec,
+                                 std::tuple<asio::awaitable<result<T>>&...> steps,
+                                 std::tuple<std::optional<result<T>>...>& got,
+                                 std::optional<gpu_error>& failed, result<void>& ended,
+                                 Finish& finish, const char* unit, std::index_sequence<I...> seq) {
+  co_await unit_body<T...>(rec, std::move(steps), got, failed, unit, seq);
+  ended = co_await finish(rec, std::move(failed));
+}
+
+/// Ends a unit whose coroutine was torn down by an exception: records its
+/// runs' events, parks every stage until the GPU is done, settles each as
+/// failed with `e`. Nothing if the unit had ended already.
+void abandon_unit(unit_recorder& rec, const gpu_error& e);
+
+/// Runs compose()'s unit: `steps` left to right, then `finish(rec, failed)`
+/// (an awaitable of result<void>), all in one coroutine spawned on `ex`;
+/// yields the unit's outcome (the first error naming its step, or finish's).
+template <class Finish, class... T>
+asio::awaitable<result<void>> run_unit(const unit_executor& ex,
+                                       std::tuple<std::optional<result<T>>...>& got, Finish finish,
+                                       asio::awaitable<result<T>>&... steps) {
+  std::optional<gpu_error> failed;
+  result<void> ended = outcome::success();
+  auto& rec = *ex.recorder();
+  const char* unit = rec.name;
+  try {
+    co_await asio::co_spawn(
+        ex,
+        unit_whole<Finish, T...>(rec, std::forward_as_tuple(steps...), got, failed, ended, finish,
+                                 unit, std::index_sequence_for<T...>{}),
+        asio::use_awaitable);
+  } catch (...) {
+    // The unit's coroutine could not run at all (cancelled before it
+    // started), or its wait was abandoned by an exception (finish_unit has
+    // parked and settled everything then).
+    gpu_error e =
+        rec.ended
+            ? make_error(errc::cancelled,
+                         std::string(unit) + ": the unit's wait was abandoned by an exception")
+        : failed ? *failed
+                 : unit_step_exception(std::current_exception(), 1, sizeof...(T), unit);
+    abandon_unit(rec, e);
+    ended = std::move(e);
+  }
+  co_return ended;
 }
 
 template <class T>
@@ -157,8 +223,10 @@ asio::awaitable<result<std::tuple<detail::step_value_t<T>...>>> compose(
   detail::unit_recorder rec;
   const detail::unit_executor ex(std::move(outer), &rec);
   std::tuple<std::optional<result<T>>...> got;
-  auto failed = co_await detail::run_unit_steps(ex, got, steps...);
-  BOOST_OUTCOME_CO_TRY(co_await detail::finish_unit(rec, how, std::move(failed)));
+  auto finish = [how](detail::unit_recorder& r, std::optional<gpu_error> failed) {
+    return detail::finish_unit(r, how, std::move(failed));
+  };
+  BOOST_OUTCOME_CO_TRY(co_await detail::run_unit(ex, got, finish, steps...));
   co_return std::apply(
       [](auto&... r) { return std::tuple<detail::step_value_t<T>...>(detail::unit_value(r)...); },
       got);

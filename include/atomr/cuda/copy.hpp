@@ -26,8 +26,10 @@ namespace atomr::cuda {
 /// Where and how a transfer runs. Defaults: the device's default completion
 /// strategy, and the device's main stream, except in a step of compose() or
 /// record() (docs/design.md, "Composed units", "Where a unit's transfers
-/// run"): there the stream of the unit's previous step, or for a unit's
-/// first step one of the device's pooled streams.
+/// run"): there the stream of the unit's previous step; a unit's leading
+/// transfers go on the stream of the unit's first step that is not such a
+/// transfer, just before it (one of the device's pooled streams when there
+/// is none).
 struct transfer_options {
   stream on{};
   std::optional<completion> how{};
@@ -35,7 +37,8 @@ struct transfer_options {
 
 namespace detail {
 /// The stream and strategy of a transfer of `ref` (see transfer_options);
-/// `unit`: the unit whose step the transfer is, or null.
+/// `unit`: the unit whose step the transfer is, or null. An empty stream:
+/// a leading transfer of a composed unit, to be deferred (defer_in_unit).
 template <element T>
 result<std::pair<stream, completion>> resolve_transfer(const gpu_ref<T>& ref,
                                                        const transfer_options& o,
@@ -50,6 +53,10 @@ result<std::pair<stream, completion>> resolve_transfer(const gpu_ref<T>& ref,
     // queue behind other coroutines' transfers on one shared stream.
     if (!unit->stages.empty() && unit->stages.back().on.get_device() == d)
       return std::pair{unit->stages.back().on, how};
+    // A leading transfer (nothing enqueued yet): it will go on the stream of
+    // the unit's next enqueuing step, so that step does not wait for it
+    // across streams. A recording has one stream: nothing to defer there.
+    if (unit->stages.empty() && !unit->capture) return std::pair{stream{}, how};
     BOOST_OUTCOME_TRY(auto pooled, d.acquire_stream(stream_policy::pooled));
     return std::pair{std::move(pooled), how};
   }
@@ -102,16 +109,21 @@ template <element T>
 asio::awaitable<result<gpu_ref<T>>> upload_pinned(pinned_buffer<T> src, gpu_ref<T> dst,
                                                   transfer_options o, bool staged) {
   BOOST_OUTCOME_CO_TRY(same_size("upload", src.size(), dst.size()));
-  BOOST_OUTCOME_CO_TRY(
-      auto where, resolve_transfer(dst, o, detail::unit_of(co_await asio::this_coro::executor)));
-  co_return co_await run_kernel(
-      "cuda", where.first, where.second, dst, [&](launch& l) -> result<pinned_buffer<T>> {
-        if (staged && l.recording()) return pageable_not_recordable("upload");
-        BOOST_OUTCOME_TRY(T * p, l.write(dst));
-        BOOST_OUTCOME_TRY(detail::memcpy_status(cudaMemcpyAsync(
-            p, src.data(), dst.size_bytes(), cudaMemcpyHostToDevice, l.native_stream())));
-        return src;
-      });
+  auto* unit = detail::unit_of(co_await asio::this_coro::executor);
+  BOOST_OUTCOME_CO_TRY(auto where, resolve_transfer(dst, o, unit));
+  // By value: a deferred transfer runs after this coroutine has returned.
+  auto enqueue = [src = std::move(src), dst, staged](launch& l) -> result<pinned_buffer<T>> {
+    if (staged && l.recording()) return pageable_not_recordable("upload");
+    BOOST_OUTCOME_TRY(T * p, l.write(dst));
+    BOOST_OUTCOME_TRY(detail::memcpy_status(cudaMemcpyAsync(
+        p, src.data(), dst.size_bytes(), cudaMemcpyHostToDevice, l.native_stream())));
+    return src;
+  };
+  if (!where.first)
+    co_return defer_in_unit(*unit, device(dst.state()->dev), "cuda", where.second, dst,
+                            std::move(enqueue));
+  co_return co_await run_kernel("cuda", std::move(where.first), where.second, dst,
+                                std::move(enqueue));
 }
 }  // namespace detail
 
@@ -192,16 +204,20 @@ template <element T>
 asio::awaitable<result<pinned_buffer<T>>> download(gpu_ref<T> src, pinned_buffer<T> dst,
                                                    transfer_options o = {}) {
   BOOST_OUTCOME_CO_TRY(detail::same_size("download", src.size(), dst.size()));
-  BOOST_OUTCOME_CO_TRY(
-      auto where,
-      detail::resolve_transfer(src, o, detail::unit_of(co_await asio::this_coro::executor)));
-  co_return co_await run_kernel(
-      "cuda", where.first, where.second, dst, [&](launch& l) -> result<gpu_ref<T>> {
-        BOOST_OUTCOME_TRY(const T* p, l.read(src));
-        BOOST_OUTCOME_TRY(detail::memcpy_status(cudaMemcpyAsync(
-            dst.data(), p, src.size_bytes(), cudaMemcpyDeviceToHost, l.native_stream())));
-        return src;
-      });
+  auto* unit = detail::unit_of(co_await asio::this_coro::executor);
+  BOOST_OUTCOME_CO_TRY(auto where, detail::resolve_transfer(src, o, unit));
+  // By value: a deferred transfer runs after this coroutine has returned.
+  auto enqueue = [src, dst](launch& l) -> result<gpu_ref<T>> {
+    BOOST_OUTCOME_TRY(const T* p, l.read(src));
+    BOOST_OUTCOME_TRY(detail::memcpy_status(cudaMemcpyAsync(
+        dst.data(), p, src.size_bytes(), cudaMemcpyDeviceToHost, l.native_stream())));
+    return src;
+  };
+  if (!where.first)
+    co_return detail::defer_in_unit(*unit, device(src.state()->dev), "cuda", where.second,
+                                    std::move(dst), std::move(enqueue));
+  co_return co_await run_kernel("cuda", std::move(where.first), where.second, std::move(dst),
+                                std::move(enqueue));
 }
 
 /// Copies device memory into pageable host memory, staged through a pinned
@@ -254,17 +270,21 @@ asio::awaitable<result<gpu_ref<T>>> copy(gpu_ref<T> src, gpu_ref<T> dst, transfe
         co_await detail::remote_copy(detail::view_of(src), detail::view_of(dst), o.on, o.how));
     co_return dst;
   }
-  BOOST_OUTCOME_CO_TRY(
-      auto where,
-      detail::resolve_transfer(dst, o, detail::unit_of(co_await asio::this_coro::executor)));
-  co_return co_await run_kernel(
-      "cuda", where.first, where.second, dst, [&](launch& l) -> result<gpu_ref<T>> {
-        BOOST_OUTCOME_TRY(const T* s, l.read(src));
-        BOOST_OUTCOME_TRY(T * d, l.write(dst));
-        BOOST_OUTCOME_TRY(detail::memcpy_status(
-            cudaMemcpyAsync(d, s, dst.size_bytes(), cudaMemcpyDeviceToDevice, l.native_stream())));
-        return src;
-      });
+  auto* unit = detail::unit_of(co_await asio::this_coro::executor);
+  BOOST_OUTCOME_CO_TRY(auto where, detail::resolve_transfer(dst, o, unit));
+  // By value: a deferred transfer runs after this coroutine has returned.
+  auto enqueue = [src, dst](launch& l) -> result<gpu_ref<T>> {
+    BOOST_OUTCOME_TRY(const T* s, l.read(src));
+    BOOST_OUTCOME_TRY(T * d, l.write(dst));
+    BOOST_OUTCOME_TRY(detail::memcpy_status(
+        cudaMemcpyAsync(d, s, dst.size_bytes(), cudaMemcpyDeviceToDevice, l.native_stream())));
+    return src;
+  };
+  if (!where.first)
+    co_return detail::defer_in_unit(*unit, device(dst.state()->dev), "cuda", where.second, dst,
+                                    std::move(enqueue));
+  co_return co_await run_kernel("cuda", std::move(where.first), where.second, dst,
+                                std::move(enqueue));
 }
 
 /// Sets every byte of `dst` to `value` (cudaMemsetAsync). Yields `dst`.
@@ -275,17 +295,20 @@ asio::awaitable<result<gpu_ref<T>>> fill_bytes(gpu_ref<T> dst, unsigned char val
     BOOST_OUTCOME_CO_TRY(co_await detail::remote_fill(detail::view_of(dst), value, o.on, o.how));
     co_return dst;
   }
-  BOOST_OUTCOME_CO_TRY(
-      auto where,
-      detail::resolve_transfer(dst, o, detail::unit_of(co_await asio::this_coro::executor)));
-  co_return co_await run_kernel(
-      "cuda", where.first, where.second, dst, [&](launch& l) -> result<std::tuple<>> {
-        BOOST_OUTCOME_TRY(T * d, l.write(dst));
-        if (auto st = cudaMemsetAsync(d, value, dst.size_bytes(), l.native_stream());
-            st != cudaSuccess)
-          return classify(st, "cudaMemsetAsync");
-        return std::tuple<>{};
-      });
+  auto* unit = detail::unit_of(co_await asio::this_coro::executor);
+  BOOST_OUTCOME_CO_TRY(auto where, detail::resolve_transfer(dst, o, unit));
+  // By value: a deferred transfer runs after this coroutine has returned.
+  auto enqueue = [dst, value](launch& l) -> result<std::tuple<>> {
+    BOOST_OUTCOME_TRY(T * d, l.write(dst));
+    if (auto st = cudaMemsetAsync(d, value, dst.size_bytes(), l.native_stream()); st != cudaSuccess)
+      return classify(st, "cudaMemsetAsync");
+    return std::tuple<>{};
+  };
+  if (!where.first)
+    co_return detail::defer_in_unit(*unit, device(dst.state()->dev), "cuda", where.second, dst,
+                                    std::move(enqueue));
+  co_return co_await run_kernel("cuda", std::move(where.first), where.second, dst,
+                                std::move(enqueue));
 }
 
 // ---- Completion tokens (docs/design.md, "Completion tokens") ----

@@ -139,6 +139,9 @@ struct device_statistics {
   /// once, and the batches (drains) that launched them: one event each.
   std::uint64_t ops_batched = 0;
   std::uint64_t batches = 0;
+  /// Events composed units recorded after their steps: one per run of
+  /// consecutive steps on one stream (docs/design.md, "Composed units").
+  std::uint64_t unit_events = 0;
   /// Times a launch thread found no work within launch_spin and slept.
   std::uint64_t launch_sleeps = 0;
   std::size_t pinned_cached_bytes = 0;

@@ -263,20 +263,61 @@ result<O> record_in_unit(unit_capture& c, std::string_view library, const stream
   return output;
 }
 
+/// Inside a composed unit, before a step's enqueue on `s`: enqueues the
+/// unit's pending transfers on `s` (flush_pending), and records the event of
+/// the previous stage's run when `s` is another stream (the run ends there).
+result<void> begin_unit_step(unit_recorder& u, const stream& s);
+/// Inside a composed unit, after a step's enqueue on `l`: the event of the
+/// run `l`'s step belongs to. The previous stage's, when it is on the same
+/// stream and not recorded yet (the record, made later, follows this
+/// enqueue); else a new event, whose record is deferred until the run ends
+/// (unit_recorder::close_runs, the next step on another stream, or anyone
+/// who meets it in a buffer's stamp: pooled_event::settle).
+result<std::shared_ptr<pooled_event>> join_unit_run(unit_recorder& u, launch& l);
+
 template <class O, class Enqueue>
 result<O> enqueue_in_unit(unit_recorder& u, std::string_view library, stream s, completion how,
                           O output, Enqueue& enqueue) {
   static_assert(std::is_copy_constructible_v<O>, "a unit keeps a copy of each step's output");
   if (u.capture) return record_in_unit(*u.capture, library, s, how, std::move(output), enqueue);
+  BOOST_OUTCOME_TRY(begin_unit_step(u, s));
   launch l(std::move(s), library);
   auto keep = checked_enqueue(l, how, output, enqueue);
   if (!keep) return l.fail(keep.error());
-  auto done = l.commit(false);
+  auto done = join_unit_run(u, l);
   if (!done) return l.fail(done.error());
   using both = std::pair<typename enqueue_keep<Enqueue>::type, O>;
+  // The stage first: a deferred event in a buffer's stamp must be one the
+  // unit records (close_runs, ~unit_recorder), whatever throws after.
   u.stages.push_back({l.get_stream(), std::move(done).value(),
                       std::make_shared<both>(std::move(keep).value(), output)});
   l.hand_over();
+  l.stamp(u.stages.back().done);
+  return output;
+}
+
+/// A unit's leading transfer given no stream (resolve_transfer said so): not
+/// enqueued now but kept in the unit, with its enqueue function and output,
+/// until the unit's next enqueuing step knows its stream (flush_pending).
+/// Yields `output` (the transfer's value does not depend on its stream).
+template <class O, class Enqueue>
+result<O> defer_in_unit(unit_recorder& u, device dev, std::string_view library, completion how,
+                        O output, Enqueue enqueue) {
+  static_assert(std::is_copy_constructible_v<O>, "a unit keeps a copy of each step's output");
+  struct held {
+    completion how;
+    O output;
+    Enqueue enqueue;
+  };
+  auto run = [](void* p, launch& l) -> result<std::shared_ptr<void>> {
+    auto& h = *static_cast<held*>(p);
+    auto keep = checked_enqueue(l, h.how, h.output, h.enqueue);
+    if (!keep) return keep.error();
+    using both = std::pair<typename enqueue_keep<Enqueue>::type, O>;
+    return std::shared_ptr<void>(std::make_shared<both>(std::move(keep).value(), h.output));
+  };
+  u.pending.push_back({u.step, std::move(dev), library,
+                       std::make_shared<held>(held{how, output, std::move(enqueue)}), run});
   return output;
 }
 }  // namespace detail

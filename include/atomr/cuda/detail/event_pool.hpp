@@ -3,6 +3,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include <atomic>
 #include <cstddef>
 #include <memory>
 #include <mutex>
@@ -28,9 +29,31 @@ public:
 
   cudaEvent_t native_handle() const noexcept { return ev_; }
 
+  // --- deferred records (a composed unit's run of steps on one stream,
+  // docs/design.md "Composed units") ---
+  /// Marks the event as to be recorded on `s` later (by settle()); until
+  /// then buffers may be stamped with it. Before the event is shared.
+  void defer_record(cudaStream_t s) noexcept { deferred_.store(s, std::memory_order_release); }
+  /// Records a deferred event now, on its stream (any thread; the first
+  /// caller records, later ones find it done). Whoever queries or waits on an
+  /// event taken from a buffer's stamp calls this first: an event never
+  /// recorded reads as complete. Nothing to do for an ordinary event.
+  cudaError_t settle() noexcept {
+    if (!deferred_.load(std::memory_order_acquire)) return cudaSuccess;
+    return settle_slow();
+  }
+  /// For the unit, after a step's enqueue on the event's stream: true when
+  /// the event is still deferred, so that its record (whenever it is made)
+  /// comes after that enqueue and covers it; false once it was recorded.
+  bool still_deferred() noexcept;
+
 private:
+  cudaError_t settle_slow() noexcept;
+
   cudaEvent_t ev_;
   bool blocking_;
+  std::atomic<cudaStream_t> deferred_{nullptr};
+  std::mutex record_mu_;  ///< serialises a deferred record with still_deferred()
   std::shared_ptr<event_pool> pool_;
 };
 

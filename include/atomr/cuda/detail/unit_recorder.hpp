@@ -2,6 +2,9 @@
 // executor that tells run_kernel it runs inside one.
 #pragma once
 
+#include <atomr/cuda/detail/event_pool.hpp>
+#include <atomr/cuda/device.hpp>
+#include <atomr/cuda/error.hpp>
 #include <atomr/cuda/stream.hpp>
 
 #include <boost/asio/any_io_executor.hpp>
@@ -10,28 +13,56 @@
 #include <boost/asio/query.hpp>
 #include <boost/asio/require.hpp>
 
+#include <cstddef>
 #include <functional>
 #include <memory>
+#include <optional>
+#include <string_view>
 #include <utility>
 #include <vector>
 
+namespace atomr::cuda {
+class launch;
+}
+
 namespace atomr::cuda::detail {
 
-class pooled_event;
 struct unit_capture;
 
 /// The steps of one unit enqueued so far (docs/design.md, "Composed units").
 /// Used by one coroutine at a time: the unit's, while it runs its steps.
 struct unit_recorder {
-  /// One run_kernel of a step: its stream, the event recorded on it after
-  /// the enqueue (what later steps on other streams wait on), and the step's
-  /// keep-alive with its output, held until the GPU is done.
+  /// One run_kernel of a step: its stream, the event after it (what later
+  /// steps on other streams wait on, and what the unit waits on), and the
+  /// step's keep-alive with its output, held until the GPU is done.
+  /// Consecutive stages on one stream share one event, recorded once after
+  /// the last of them (a run; see close_runs()).
   struct stage {
     stream on;
     std::shared_ptr<pooled_event> done;
     std::shared_ptr<void> keep;
   };
   std::vector<stage> stages;
+  /// A leading transfer step given no stream, not enqueued yet: it is
+  /// enqueued by the unit's next step that enqueues anything, on that step's
+  /// stream, just before it (or at the unit's end on a pooled stream).
+  /// docs/design.md, "Where a unit's transfers run".
+  struct pending_transfer {
+    std::size_t step = 0;  ///< its step number (1-based)
+    device dev;            ///< the device of its buffer
+    std::string_view library;
+    /// The transfer's enqueue function and output, owned.
+    std::shared_ptr<void> state;
+    /// Runs its checks and enqueue on `l`; yields its keep-alive with its output.
+    result<std::shared_ptr<void>> (*run)(void* state, launch& l) = nullptr;
+  };
+  std::vector<pending_transfer> pending;
+  /// The step running now (1-based; set by the unit's coroutine), what a
+  /// pending transfer remembers as its own.
+  std::size_t step = 0;
+  /// A pending transfer that failed when it was enqueued: its step and error
+  /// (the unit reports it under that step, not the step that enqueued it).
+  std::optional<std::pair<std::size_t, gpu_error>> pending_failure;
   /// Host work to run once every stage finished, in order (a pageable
   /// download's copy out of its staging buffer); dropped if the unit fails.
   std::vector<std::function<void()>> finalizers;
@@ -40,7 +71,29 @@ struct unit_recorder {
   unit_capture* capture = nullptr;
   /// What the unit's errors call it: "compose" or "record".
   const char* name = "compose";
+  /// Set once the unit's end has parked or settled every stage.
+  bool ended = false;
+
+  unit_recorder() = default;
+  unit_recorder(const unit_recorder&) = delete;
+  unit_recorder& operator=(const unit_recorder&) = delete;
+  /// Records any run's event still deferred (a unit abandoned midway: a
+  /// buffer stamped with it must never meet an event that was not recorded).
+  ~unit_recorder() {
+    for (auto& st : stages)
+      if (st.done) st.done->settle();  // errors: nothing more can be done here
+  }
+
+  /// Records every stage's event that is still deferred, on its stream.
+  /// Returns the first error (a cudaEventRecord failure: the context is gone).
+  result<void> close_runs();
 };
+
+/// Enqueues every pending transfer of `u` (in order) on `on` when it is of
+/// the transfer's device, else on one of that device's pooled streams; each
+/// becomes a stage. A failure ends there: u.pending_failure names the step,
+/// the transfers after it are dropped unstarted, and the error is returned.
+result<void> flush_pending(unit_recorder& u, const stream& on);
 
 /// An executor that runs as `inner` does and carries the unit whose step the
 /// coroutines on it belong to. run_kernel finds it through
