@@ -120,6 +120,30 @@ bench::stats latency(asio::io_context& ioc, int reps,
   return bench::summarize(std::move(t));
 }
 
+// ------------------------------------------------------------------ measuring
+
+/// Runs `ioc` on `threads` threads: 0.3 s of warm-up, then `counting` is
+/// true for `seconds`; then `stop` is set, and once `left` (the coroutines
+/// still running) is 0 the io_context is stopped (an isolated device's
+/// heartbeats would keep it busy for ever). Returns the counted seconds.
+double measure(asio::io_context& ioc, int threads, double seconds, std::atomic<bool>& counting,
+               std::atomic<bool>& stop, const std::atomic<int>& left) {
+  ioc.restart();
+  std::vector<std::thread> pool;
+  for (int t = 0; t < threads; ++t) pool.emplace_back([&] { ioc.run(); });
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  counting = true;
+  const double t0 = bench::now_us();
+  std::this_thread::sleep_for(std::chrono::duration<double>(seconds));
+  counting = false;
+  const double t1 = bench::now_us();
+  stop = true;
+  while (left.load() > 0) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  ioc.stop();
+  for (auto& t : pool) t.join();
+  return (t1 - t0) / 1e6;
+}
+
 // ------------------------------------------------------------------ throughput
 
 /// gemm n x n ops per second on `threads` io threads, 16 coroutines each,
@@ -148,22 +172,8 @@ double throughput(asio::io_context& ioc, side& s, int n, int threads, double sec
           --left;
         },
         asio::detached);
-  ioc.restart();
-  std::vector<std::thread> pool;
-  for (int t = 0; t < threads; ++t) pool.emplace_back([&] { ioc.run(); });
-  std::this_thread::sleep_for(std::chrono::milliseconds(300));
-  counting = true;
-  const double t0 = bench::now_us();
-  std::this_thread::sleep_for(std::chrono::duration<double>(seconds));
-  counting = false;
-  const double t1 = bench::now_us();
-  stop = true;
-  // The isolated device's heartbeats keep the io_context busy: stop it once
-  // every coroutine has ended.
-  while (left.load() > 0) std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  ioc.stop();
-  for (auto& t : pool) t.join();
-  return static_cast<double>(ops.load()) / ((t1 - t0) / 1e6);
+  const double window = measure(ioc, threads, seconds, counting, stop, left);
+  return static_cast<double>(ops.load()) / window;
 }
 
 // ------------------------------------------------------------------ pipeline
@@ -218,21 +228,9 @@ pipe_result pipeline(asio::io_context& ioc, side& s, int in_flight, double secon
           --left;
         },
         asio::detached);
-  ioc.restart();
-  std::vector<std::thread> pool;
-  for (int t = 0; t < 4; ++t) pool.emplace_back([&] { ioc.run(); });
-  std::this_thread::sleep_for(std::chrono::milliseconds(300));
-  counting = true;
-  const double t0 = bench::now_us();
-  std::this_thread::sleep_for(std::chrono::duration<double>(seconds));
-  counting = false;
-  const double t1 = bench::now_us();
-  stop = true;
-  while (left.load() > 0) std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  ioc.stop();
-  for (auto& t : pool) t.join();
+  const double window = measure(ioc, 4, seconds, counting, stop, left);
   pipe_result r;
-  r.req_per_s = static_cast<double>(reqs.load()) / ((t1 - t0) / 1e6);
+  r.req_per_s = static_cast<double>(reqs.load()) / window;
   std::vector<double> all;
   for (auto& v : lat) all.insert(all.end(), v.begin(), v.end());
   r.lat = bench::summarize(std::move(all));

@@ -5,8 +5,12 @@
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/io_context.hpp>
 
+#include <signal.h>
+
+#include <cerrno>
 #include <chrono>
 #include <exception>
+#include <functional>
 #include <optional>
 #include <stdexcept>
 #include <utility>
@@ -43,6 +47,20 @@ struct io_fixture {
     return std::move(*out);
   }
 
+  /// Runs the io_context on the test thread, in `step` slices, until
+  /// `done()` (true) or `limit` has passed (false).
+  bool run_until(const std::function<bool()>& done,
+                 std::chrono::milliseconds limit = std::chrono::seconds(10),
+                 std::chrono::milliseconds step = std::chrono::milliseconds(5)) {
+    const auto end = std::chrono::steady_clock::now() + limit;
+    while (!done()) {
+      if (std::chrono::steady_clock::now() > end) return false;
+      ioc.restart();
+      ioc.run_for(step);
+    }
+    return true;
+  }
+
   void run(asio::awaitable<void> aw) {
     std::exception_ptr err;
     bool done = false;
@@ -57,5 +75,10 @@ struct io_fixture {
     if (!done) throw std::logic_error("coroutine did not complete within the test's limit");
   }
 };
+
+/// True once process `pid` is gone and reaped (a zombie still answers kill(pid, 0)).
+inline bool pid_gone(int pid) {
+  return pid > 0 && ::kill(pid, 0) == -1 && errno == ESRCH;
+}
 
 }  // namespace atomr::cuda::test

@@ -29,7 +29,7 @@ using namespace std::chrono_literals;
 namespace {
 
 bool gone(int pid) {
-  return pid > 0 && ::kill(pid, 0) == -1 && errno == ESRCH;
+  return pid_gone(pid);
 }
 
 struct iso_fixture : io_fixture {
@@ -41,15 +41,6 @@ struct iso_fixture : io_fixture {
     o.isolation.heartbeat_timeout = 1000ms;
     o.isolation.arena_bytes = std::size_t{4} << 20;
     return o;
-  }
-  bool run_until(const std::function<bool()>& done, std::chrono::milliseconds limit = 10s) {
-    const auto end = std::chrono::steady_clock::now() + limit;
-    while (!done()) {
-      if (std::chrono::steady_clock::now() > end) return false;
-      ioc.restart();
-      ioc.run_for(5ms);
-    }
-    return true;
   }
 };
 

@@ -40,7 +40,7 @@ namespace wire = atomr::cuda::detail::wire;
 namespace {
 
 bool gone(int pid) {
-  return pid > 0 && ::kill(pid, 0) == -1 && errno == ESRCH;
+  return pid_gone(pid);
 }
 
 /// True when the CUDA driver library is mapped into this process.
@@ -89,15 +89,9 @@ struct iso : io_fixture {
     REQUIRE_MESSAGE(wait_health(health_state::healthy, 30s), to_string(dev.health()));
   }
 
-  /// Runs the io_context on the test thread until `done()` or `limit`.
+  /// The io_context on the test thread until `done()` (2 ms slices, 30 s).
   bool run_until(const std::function<bool()>& done, std::chrono::milliseconds limit = 30s) {
-    const auto end = std::chrono::steady_clock::now() + limit;
-    while (!done()) {
-      if (std::chrono::steady_clock::now() > end) return false;
-      ioc.restart();
-      ioc.run_for(2ms);
-    }
-    return true;
+    return io_fixture::run_until(done, limit, 2ms);
   }
   /// Drops the device and runs what its last handlers hold, so that the next
   /// open() makes a new state (an isolated ordinal's live state would be

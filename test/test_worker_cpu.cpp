@@ -31,9 +31,8 @@ using namespace std::chrono_literals;
 
 namespace {
 
-/// True once `pid` is gone and reaped (a zombie still answers kill(pid, 0)).
 bool gone(int pid) {
-  return pid > 0 && ::kill(pid, 0) == -1 && errno == ESRCH;
+  return pid_gone(pid);
 }
 
 // doctest's io_fixture runs one io_context on the test thread.
@@ -57,16 +56,6 @@ struct worker_fixture : io_fixture {
         });
     REQUIRE_MESSAGE(s, (s ? "" : s.error().message()));
     return s.value();
-  }
-  /// Runs the io_context until `done()` or `limit`; true if done.
-  bool run_until(const std::function<bool()>& done, std::chrono::milliseconds limit = 10s) {
-    const auto end = std::chrono::steady_clock::now() + limit;
-    while (!done()) {
-      if (std::chrono::steady_clock::now() > end) return false;
-      ioc.restart();
-      ioc.run_for(5ms);
-    }
-    return true;
   }
   std::size_t count(worker_state s) {
     std::lock_guard lk(mu);
