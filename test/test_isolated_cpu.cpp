@@ -28,10 +28,6 @@ using namespace std::chrono_literals;
 
 namespace {
 
-bool gone(int pid) {
-  return pid_gone(pid);
-}
-
 struct iso_fixture : io_fixture {
   device_options options(std::vector<std::string> args = {"--no-cuda", "--test-faults"}) {
     device_options o;
@@ -83,7 +79,7 @@ TEST_CASE_FIXTURE(iso_fixture,
   // The device is gone with its last handle: so is its worker, reaped.
   ioc.restart();
   ioc.run_for(50ms);
-  CHECK(gone(pid));
+  CHECK(pid_gone(pid));
 }
 
 TEST_CASE_FIXTURE(iso_fixture, "isolated device: options out of range are refused at open") {
@@ -162,7 +158,7 @@ TEST_CASE_FIXTURE(iso_fixture,
   }
   ioc.restart();
   ioc.run_for(50ms);
-  CHECK(gone(pid));
+  CHECK(pid_gone(pid));
   std::filesystem::remove(script);
 }
 
@@ -175,7 +171,7 @@ TEST_CASE_FIXTURE(
   dev.stop();
   CHECK(dev.health() == health_state::stopped);
   CHECK(dev.generation() == gen + 1);
-  REQUIRE(run_until([&] { return gone(pid); }));
+  REQUIRE(run_until([&] { return pid_gone(pid); }));
   auto a = dev.allocate<float>(4);
   REQUIRE_FALSE(a);
   CHECK(a.error().code() == errc::device_unavailable);

@@ -39,10 +39,6 @@ namespace wire = atomr::cuda::detail::wire;
 
 namespace {
 
-bool gone(int pid) {
-  return pid_gone(pid);
-}
-
 /// True when the CUDA driver library is mapped into this process.
 bool cuda_loaded() {
   std::ifstream maps("/proc/self/maps");
@@ -340,7 +336,7 @@ TEST_CASE_FIXTURE(iso,
     CHECK(ih < hist.size());
     CHECK(dev.generation() > gen);
     CHECK(old.check().error().code() == errc::stale_ref);
-    CHECK(gone(pid));
+    CHECK(pid_gone(pid));
     CHECK(dev.statistics().worker_restarts == 1);
     std::map<errc, int> after;
     CHECK(run(checked_gemm(dev, blas, b, 5, after, mu)) == 1);
@@ -375,8 +371,8 @@ TEST_CASE_FIXTURE(iso, "isolated: the restart budget spent leads to stopped; no 
   CHECK(st.error().message().find("budget") != std::string::npos);
   auto a = dev.allocate<float>(4);
   REQUIRE_FALSE(a);
-  CHECK(gone(pid1));
-  CHECK(run_until([&] { return gone(pid2); }, 5s));
+  CHECK(pid_gone(pid1));
+  CHECK(run_until([&] { return pid_gone(pid2); }, 5s));
 }
 
 TEST_CASE_FIXTURE(iso, "isolated: a worker killed while idle is restarted; work goes on") {
@@ -386,7 +382,7 @@ TEST_CASE_FIXTURE(iso, "isolated: a worker killed while idle is restarted; work 
   REQUIRE(::kill(pid, SIGKILL) == 0);
   REQUIRE(run_until([&] { return dev.health() != health_state::healthy; }, 10s));
   REQUIRE(wait_health(health_state::healthy));
-  CHECK(gone(pid));
+  CHECK(pid_gone(pid));
   std::map<errc, int> errors;
   std::mutex mu;
   CHECK(run(checked_gemm(dev, blas, random_floats(n * n, 3), 4, errors, mu)) == 1);
@@ -545,7 +541,7 @@ TEST_CASE_FIXTURE(iso,
   }
   for (int p : pids) {
     CAPTURE(p);
-    CHECK(gone(p));
+    CHECK(pid_gone(p));
   }
 }
 

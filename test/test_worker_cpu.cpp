@@ -31,10 +31,6 @@ using namespace std::chrono_literals;
 
 namespace {
 
-bool gone(int pid) {
-  return pid_gone(pid);
-}
-
 // doctest's io_fixture runs one io_context on the test thread.
 struct worker_fixture : io_fixture {
   std::mutex mu;
@@ -108,7 +104,7 @@ TEST_CASE_FIXTURE(worker_fixture,
   CHECK(w->statistics().restarts == 0);
   w->stop();
   REQUIRE(run_until([&] { return w->statistics().state == worker_state::stopped; }));
-  CHECK(gone(pid));
+  CHECK(pid_gone(pid));
   CHECK(count(worker_state::failed) == 0);  // a requested stop is no failure
 }
 
@@ -126,7 +122,7 @@ TEST_CASE_FIXTURE(worker_fixture,
   CHECK(failed->error->code() == errc::context_poisoned);
   CHECK(failed->error->message().find("killed by signal 9") != std::string::npos);
   CHECK(count(worker_state::restarting) == 1);
-  CHECK(gone(first));
+  CHECK(pid_gone(first));
   const int second = w->statistics().pid;
   CHECK(second != first);
 
@@ -137,7 +133,7 @@ TEST_CASE_FIXTURE(worker_fixture,
   CHECK(failed->error->message().find("killed by signal 6") != std::string::npos);
   // The worker's last stderr lines are in the message.
   CHECK(failed->error->message().find("injecting fault 1") != std::string::npos);
-  CHECK(gone(second));
+  CHECK(pid_gone(second));
 
   w->inject_fault(5);  // exits with status 0 on its own: also a failure
   REQUIRE(run_until([&] { return running_incarnation(w, 4); }, 15s));
@@ -165,7 +161,7 @@ TEST_CASE_FIXTURE(worker_fixture,
   REQUIRE(failed->error);
   CHECK(failed->error->code() == errc::timeout);
   CHECK(failed->error->message().find("hung") != std::string::npos);
-  CHECK(gone(pid));
+  CHECK(pid_gone(pid));
   w->stop();
   REQUIRE(run_until([&] { return w->statistics().state == worker_state::stopped; }));
 }
@@ -186,7 +182,7 @@ TEST_CASE_FIXTURE(worker_fixture, "worker: the restart budget spent leads to sto
   REQUIRE(stopped->error);  // stopped by a failure, with its reason
   CHECK(stopped->error->code() == errc::context_poisoned);
   CHECK(w->statistics().restarts == 2);
-  for (int p : pids) CHECK(gone(p));
+  for (int p : pids) CHECK(pid_gone(p));
 }
 
 TEST_CASE_FIXTURE(worker_fixture,
@@ -198,7 +194,7 @@ TEST_CASE_FIXTURE(worker_fixture,
     REQUIRE(run_until([&] { return running_incarnation(w, 1); }));
     pid = w->statistics().pid;
   }
-  CHECK(gone(pid));
+  CHECK(pid_gone(pid));
   run_until([] { return false; }, 100ms);  // the pending handlers find it gone
   CHECK(count(worker_state::restarting) == 0);
 }
