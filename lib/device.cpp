@@ -716,6 +716,10 @@ result<void> check_device_options(const device_options& o) {
   BOOST_OUTCOME_TRY(ms_range("options.isolation.heartbeat_timeout", iso.heartbeat_timeout));
   BOOST_OUTCOME_TRY(ms_range("options.isolation.hang_margin", iso.hang_margin));
   BOOST_OUTCOME_TRY(ms_range("options.isolation.max_op_time", iso.max_op_time));
+  BOOST_OUTCOME_TRY(ms_range("options.isolation.start_timeout", iso.start_timeout));
+  if (iso.rings < 1 || iso.rings > 16)
+    return detail::bad_argument(op, "options.isolation.rings",
+                                "(" + std::to_string(iso.rings) + ") is not within 1..16");
   if (iso.heartbeat_timeout <= iso.heartbeat)
     return detail::bad_argument(op, "options.isolation.heartbeat_timeout",
                                 "must be longer than options.isolation.heartbeat");
@@ -896,8 +900,13 @@ result<std::shared_ptr<detail::buffer_state>> device::allocate_state(std::size_t
     auto state =
         std::make_shared<detail::buffer_state>(impl_, nullptr, count, t, d.generation.load());
     state->remote_handle = d.remote->next_id();
-    ++d.live_buffers;
-    d.remote->send_alloc(state->remote_handle, count, static_cast<std::uint32_t>(t));
+    ++d.live_buffers;  // the state's destructor counts it down, sent or not
+    if (auto sent =
+            d.remote->send_alloc(state->remote_handle, count, static_cast<std::uint32_t>(t));
+        !sent) {
+      state->remote_handle = 0;  // nothing to release
+      return sent.error();
+    }
     return state;
   }
   if (!on || on.state()->owner != &d || !on.native_handle())

@@ -2,6 +2,7 @@
 #include "remote.hpp"
 
 #include "device_impl.hpp"
+#include "worker/ring.hpp"
 
 #include <atomr/cuda/detail/remote_ops.hpp>
 #include <atomr/cuda/gpu_ref.hpp>
@@ -76,6 +77,8 @@ result<void> remote_device::start(const std::weak_ptr<device_impl>& self) {
   o.heartbeat = iso.heartbeat;
   o.heartbeat_timeout = iso.heartbeat_timeout;
   o.arena_bytes = iso.arena_bytes;
+  o.rings = iso.rings;
+  o.start_timeout = iso.start_timeout;
   auto observer = [self](const worker_event& ev) {
     if (auto d = self.lock(); d && d->remote) d->remote->on_event(ev);
   };
@@ -155,15 +158,20 @@ result<std::shared_ptr<arena_block>> remote_device::try_block(std::size_t bytes)
   return std::make_shared<arena_block>(a, *off, want);
 }
 
-void remote_device::send_alloc(std::uint64_t handle, std::size_t count, std::uint32_t type) {
+result<void> remote_device::send_alloc(std::uint64_t handle, std::size_t count,
+                                       std::uint32_t type) {
   wire::alloc_args a;
   a.handle = handle;
   a.count = count;
   a.type = type;
-  if (sup_)
-    sup_->notify_worker(static_cast<std::uint16_t>(wire::kind::call),
-                        static_cast<std::uint16_t>(wire::op_code::alloc),
-                        std::string(wire::bytes_of(a)));
+  if (sup_ && !sup_->notify_worker(static_cast<std::uint16_t>(wire::kind::call),
+                                   static_cast<std::uint16_t>(wire::op_code::alloc),
+                                   std::string(wire::bytes_of(a))))
+    return make_error(errc::out_of_memory,
+                      "allocate: " + std::to_string(wire::control_slots) +
+                          " allocations and releases already wait for the isolated device's "
+                          "worker (is it still starting?)");
+  return outcome::success();
 }
 
 void remote_device::release(wire::release_kind k, std::uint64_t id) {
@@ -189,11 +197,12 @@ using reply_t = result<std::vector<char>>;
 /// One request's wait: the answer, the timer and the cancellation race for
 /// it; the first one completes the waiter, the others find it done.
 struct call_wait : std::enable_shared_from_this<call_wait> {
-  call_wait(std::shared_ptr<device_impl> d, asio::any_io_executor ex)
-      : dev(std::move(d)), timer_strand(asio::make_strand(std::move(ex))) {}
+  explicit call_wait(std::shared_ptr<device_impl> d) : dev(std::move(d)) {}
 
   std::shared_ptr<device_impl> dev;
-  asio::strand<asio::any_io_executor> timer_strand;
+  // Only a request with a timeout has a timer (and the strand that
+  // serialises its start and its cancellation): none on the common path.
+  std::optional<asio::strand<asio::any_io_executor>> timer_strand;
   std::optional<asio::steady_timer> timer;
   std::mutex mu;
   bool done = false;       // the waiter has been completed
@@ -227,9 +236,12 @@ struct call_wait : std::enable_shared_from_this<call_wait> {
       if (r.error().code() == errc::out_of_memory) ++dev->oom;
     }
     if (timer)
-      asio::post(timer_strand, [self = shared_from_this()] {
+      asio::post(*timer_strand, [self = shared_from_this()] {
         if (self->timer) self->timer->cancel();
       });
+    // Never inline (`finish` runs on the reply reader, the supervisor's
+    // strand, a timer or a cancellation): a post to the device's executor,
+    // then the waiter's own (inline when it is the same io_context).
     auto ex = asio::get_associated_executor(h, dev->executor);
     asio::post(dev->executor, [h = std::move(h), r = std::move(r), ex]() mutable {
       asio::dispatch(ex, asio::append(std::move(h), std::move(r)));
@@ -249,12 +261,13 @@ asio::awaitable<result<std::vector<char>>> remote_call(device_impl& d, wire::op_
     co_return make_error(errc::device_unavailable, "the isolated device is shut down");
   co_return co_await asio::async_initiate<const asio::use_awaitable_t<>, void(reply_t)>(
       [&](auto handler) {
-        auto w = std::make_shared<call_wait>(self, d.executor);
+        auto w = std::make_shared<call_wait>(self);
         auto slot = asio::get_associated_cancellation_slot(handler);
         w->handler = std::move(handler);
         d.in_flight.add(1);
         if (how.timeout != no_timeout) {
-          w->timer.emplace(w->timer_strand, how.timeout);
+          w->timer_strand.emplace(asio::make_strand(d.executor));
+          w->timer.emplace(*w->timer_strand, how.timeout);
           w->timer->async_wait([w](boost::system::error_code ec) {
             if (!ec)
               w->finish(make_error(errc::timeout,

@@ -89,8 +89,8 @@ public:
 
   /// A new handle (buffers) or actor id: never reused in this process.
   std::uint64_t next_id() noexcept { return next_id_.fetch_add(1, std::memory_order_relaxed); }
-  /// Sends an alloc (no answer).
-  void send_alloc(std::uint64_t handle, std::size_t count, std::uint32_t type);
+  /// Sends an alloc (no answer); out_of_memory when too many wait for the worker.
+  result<void> send_alloc(std::uint64_t handle, std::size_t count, std::uint32_t type);
   /// Tells the worker that the service dropped a buffer or an actor.
   void release(wire::release_kind k, std::uint64_t id);
 

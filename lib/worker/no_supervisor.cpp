@@ -37,7 +37,9 @@ void worker_supervisor::call(std::uint16_t, std::string, std::chrono::steady_clo
                              std::uint64_t, reply_fn done) {
   done(not_built());
 }
-void worker_supervisor::notify_worker(std::uint16_t, std::uint16_t, std::string) {}
+bool worker_supervisor::notify_worker(std::uint16_t, std::uint16_t, std::string) {
+  return false;
+}
 result<std::string> find_worker_executable() {
   return not_built();
 }

@@ -7,6 +7,7 @@
 #include <boost/optional.hpp>
 
 #include "protocol.hpp"
+#include "ring.hpp"
 
 #include <atomr/cuda/detail/worker_supervisor.hpp>
 
@@ -29,6 +30,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <condition_variable>
 #include <cstdlib>
 #include <cstring>
 #include <deque>
@@ -36,6 +38,8 @@
 #include <map>
 #include <mutex>
 #include <random>
+#include <thread>
+#include <unordered_map>
 
 namespace atomr::cuda::detail {
 
@@ -86,6 +90,123 @@ result<std::string> find_worker_executable() {
                     "the worker executable atomr-cuda-worker was not found (tried " + names +
                         "); set ATOMR_CUDA_WORKER to its path");
 }
+
+namespace {
+
+/// The string literal gpu_error keeps for a library named by the worker.
+std::string_view library_name(const std::string& lib) {
+  for (std::string_view known : {"cuda", "cublas", "cudnn", "cufft", "curand", "atomr"})
+    if (lib == known) return known;
+  return "atomr";
+}
+
+/// A reply's result: `arg` 0 is success with the payload, else an error.
+result<std::vector<char>> decode_reply(std::uint16_t arg, std::vector<char> payload) {
+  if (arg == 0) return payload;
+  std::int32_t code = 0, native = 0;
+  std::string lib, msg;
+  if (!wire::decode_error(payload, code, native, lib, msg) || code <= 0 ||
+      code > static_cast<std::int32_t>(errc::not_supported))
+    return make_error(errc::library, "the worker sent a malformed error");
+  return gpu_error(static_cast<errc>(code), library_name(lib), native, std::move(msg));
+}
+
+/// The request ring a service thread uses: threads take turns, so that the
+/// io threads of a service spread over the rings (and their worker threads).
+std::size_t ring_index(std::size_t rings) {
+  static std::atomic<std::size_t> next{0};
+  thread_local const std::size_t mine = next.fetch_add(1, std::memory_order_relaxed);
+  return mine % rings;
+}
+
+void cpu_relax() noexcept {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  asm volatile("yield");
+#endif
+}
+
+/// How long the reply reader keeps looking after its last reply before it
+/// sleeps: while calls are pending, and while none are.
+constexpr auto reader_busy_spin = std::chrono::microseconds(200);
+constexpr auto reader_idle_spin = std::chrono::microseconds(20);
+
+}  // namespace
+
+/// The shared-memory request path of one worker incarnation: its rings, and
+/// the calls sent through them that wait for their replies (any thread).
+struct ring_link {
+  using reply_fn = worker_supervisor::reply_fn;
+  struct entry {
+    reply_fn done;
+    clock::time_point deadline;
+  };
+
+  std::shared_ptr<void> keep;  // the mapping
+  wire::region_view v;
+  std::uint64_t inc = 0;
+  /// Calls may be pushed: the first worker starting, or any worker running.
+  std::atomic<bool> accepting{false};
+  std::atomic<std::size_t> pending{0};
+
+  /// Registers a call (taking `done`); false once the incarnation ended.
+  bool add(std::uint64_t id, reply_fn& done, clock::time_point deadline) {
+    std::lock_guard lk(mu_);
+    if (dead_) return false;
+    calls_.emplace(id, entry{std::move(done), deadline});
+    pending.fetch_add(1, std::memory_order_relaxed);
+    return true;
+  }
+
+  /// Takes a call back (its reply came, or its push failed).
+  std::optional<reply_fn> take(std::uint64_t id) {
+    std::lock_guard lk(mu_);
+    auto it = calls_.find(id);
+    if (it == calls_.end()) return std::nullopt;
+    auto done = std::move(it->second.done);
+    calls_.erase(it);
+    pending.fetch_sub(1, std::memory_order_relaxed);
+    return done;
+  }
+
+  /// Completes the call a reply names (ignored when unknown: failed already).
+  void complete(std::uint64_t id, std::uint16_t arg, std::vector<char> payload) {
+    if (auto done = take(id)) (*done)(decode_reply(arg, std::move(payload)));
+  }
+
+  /// Completes every reply already in the rings.
+  void drain() {
+    wire::ring_message m;
+    for (std::size_t i = 0; i < v.rings; ++i)
+      while (v.replies[i].pop(m)) complete(m.id, m.op, std::move(m.payload));
+  }
+
+  /// Ends the incarnation: no call is added any more; the waiting ones are returned.
+  std::vector<reply_fn> close() {
+    accepting.store(false);
+    std::vector<reply_fn> out;
+    std::lock_guard lk(mu_);
+    dead_ = true;
+    for (auto& [id, e] : calls_) out.push_back(std::move(e.done));
+    calls_.clear();
+    pending.store(0);
+    return out;
+  }
+
+  /// A call past its deadline.
+  bool overdue(clock::time_point now) {
+    std::lock_guard lk(mu_);
+    for (const auto& [id, e] : calls_)
+      if (e.deadline <= now) return true;
+    return false;
+  }
+
+private:
+  std::mutex mu_;
+  bool dead_ = false;
+  std::unordered_map<std::uint64_t, entry> calls_;
+};
 
 struct worker_supervisor::impl : std::enable_shared_from_this<impl> {
   impl(asio::any_io_executor ex, worker_options o, observer f, std::string exe_path)
@@ -146,6 +267,115 @@ struct worker_supervisor::impl : std::enable_shared_from_this<impl> {
   std::vector<std::vector<std::byte>> early;
   wire::header in_header{};
   std::vector<char> in_payload;
+
+  // The request rings (docs/design.md, "The request rings"): the current
+  // incarnation's link, and the reply reader thread's state.
+  std::mutex link_mu;
+  std::shared_ptr<ring_link> link;  // guarded by link_mu
+  std::atomic<std::uint64_t> link_gen{0};
+  std::condition_variable link_cv;
+  std::atomic<bool> reader_stop{false};
+  std::atomic<std::uint64_t> next_ring_id{1};
+
+  std::shared_ptr<ring_link> current_link() {
+    std::lock_guard lk(link_mu);
+    return link;
+  }
+
+  /// Installs the link of a new incarnation (or none), waking the reader.
+  void set_link(std::shared_ptr<ring_link> l) {
+    std::shared_ptr<ring_link> old;
+    {
+      std::lock_guard lk(link_mu);
+      old = std::exchange(link, std::move(l));
+      link_gen.fetch_add(1, std::memory_order_acq_rel);
+    }
+    link_cv.notify_all();
+    if (old) wire::ring::wake(old->v.header->reader);
+  }
+
+  /// The reply reader (one thread per supervisor, from start() to the
+  /// destructor): completes the calls whose replies the worker put in its
+  /// reply rings. Spins while calls are pending, then sleeps on the
+  /// region's reader semaphore, which the worker posts.
+  void read_replies() {
+    std::shared_ptr<ring_link> l;
+    std::uint64_t gen = ~std::uint64_t{0};
+    wire::ring_message m;
+    auto last = clock::now();
+    while (!reader_stop.load(std::memory_order_relaxed)) {
+      if (link_gen.load(std::memory_order_acquire) != gen) {
+        std::unique_lock lk(link_mu);
+        gen = link_gen.load();
+        l = link;
+        if (!l) {
+          link_cv.wait(lk, [&] { return reader_stop.load() || link_gen.load() != gen; });
+          continue;
+        }
+        last = clock::now();
+      }
+      bool any = false;
+      for (std::size_t i = 0; i < l->v.rings; ++i)
+        while (l->v.replies[i].pop(m)) {
+          any = true;
+          l->complete(m.id, m.op, std::move(m.payload));
+        }
+      const auto now = clock::now();
+      if (any) {
+        last = now;
+        continue;
+      }
+      const auto idle = now - last;
+      if (idle < reader_idle_spin ||
+          (l->pending.load(std::memory_order_relaxed) > 0 && idle < reader_busy_spin)) {
+        cpu_relax();
+        continue;
+      }
+      {
+        std::lock_guard lk(mu);
+        ++stats.reader_sleeps;
+      }
+      wire::ring::sleep_on(
+          l->v.header->reader,
+          [&] {
+            for (std::size_t i = 0; i < l->v.rings; ++i)
+              if (l->v.replies[i].ready()) return true;
+            return reader_stop.load() || link_gen.load() != gen;
+          },
+          std::chrono::milliseconds(50));
+      last = clock::now();
+    }
+  }
+
+  /// The shared-memory path of call(); false: take the socket.
+  bool fast_call(std::uint16_t op, const std::string& payload, clock::time_point deadline,
+                 std::uint64_t incarnation, reply_fn& done) {
+    if (payload.size() > wire::ring_payload) return false;
+    auto l = current_link();
+    if (!l || !l->accepting.load(std::memory_order_acquire) ||
+        (incarnation != 0 && incarnation != l->inc))
+      return false;
+    const auto id = (std::uint64_t{1} << 63) | next_ring_id.fetch_add(1, std::memory_order_relaxed);
+    if (!l->add(id, done, deadline)) return false;
+    auto& r = l->v.requests[ring_index(l->v.rings)];
+    if (r.push(id, op, 0, payload)) {
+      wire::ring::wake(*r.head());
+      return true;
+    }
+    auto back = l->take(id);  // the ring is full: the socket takes it
+    if (!back) return true;   // the worker ended meanwhile and failed it
+    done = std::move(*back);
+    return false;
+  }
+
+  /// alloc and release through the control ring (read before every
+  /// request: no wake of its own).
+  enum class control { sent, full, no_link };
+  control fast_notify(std::uint16_t kind, std::uint16_t arg, const std::string& payload) {
+    auto l = current_link();
+    if (!l || !l->accepting.load(std::memory_order_acquire)) return control::no_link;
+    return l->v.control.push(0, kind, arg, payload) ? control::sent : control::full;
+  }
   std::array<char, 4096> err_buf{};
 
   void notify(worker_state s, const std::optional<gpu_error>& e) {
@@ -216,18 +446,33 @@ struct worker_supervisor::impl : std::enable_shared_from_this<impl> {
     args.insert(args.end(), opt.extra_args.begin(), opt.extra_args.end());
     try {
       if (opt.arena_bytes > 0) {
+        // One shared memory object: the request rings, then the arena.
         namespace ipc = boost::interprocess;
+        const std::size_t rings = std::clamp<std::size_t>(opt.rings, 1, wire::max_rings);
+        const wire::region_layout layout{rings};
         arena_name = "/" + name;
         ipc::shared_memory_object shm(ipc::create_only, arena_name.c_str(), ipc::read_write);
-        shm.truncate(static_cast<ipc::offset_t>(opt.arena_bytes));
+        shm.truncate(static_cast<ipc::offset_t>(layout.bytes() + opt.arena_bytes));
         auto region = std::make_shared<ipc::mapped_region>(shm, ipc::read_write);
-        std::lock_guard lk(mu);
-        shared.data = static_cast<std::byte*>(region->get_address());
-        shared.size = region->get_size();
-        shared.incarnation = inc;
-        shared.keep = std::move(region);
+        auto* base = static_cast<std::byte*>(region->get_address());
+        auto l = std::make_shared<ring_link>();
+        l->v = wire::region_view::map(base, rings, true);
+        l->inc = inc;
+        l->keep = region;
+        // The first worker's calls wait in the rings until it runs; a
+        // restarted one's fail fast (the socket path says so) until its hello.
+        l->accepting.store(inc == 1);
+        {
+          std::lock_guard lk(mu);
+          shared.data = base + layout.bytes();
+          shared.size = opt.arena_bytes;
+          shared.incarnation = inc;
+          shared.keep = std::move(region);
+        }
+        set_link(std::move(l));
         args.insert(args.end(),
-                    {"--arena", arena_name, "--arena-bytes", std::to_string(opt.arena_bytes)});
+                    {"--arena", arena_name, "--arena-bytes", std::to_string(opt.arena_bytes),
+                     "--rings", std::to_string(rings)});
       }
       acceptor = std::make_unique<local::acceptor>(strand);
       acceptor->open();
@@ -303,6 +548,8 @@ struct worker_supervisor::impl : std::enable_shared_from_this<impl> {
       }
       self->running = true;
       self->last_pong = clock::now();
+      if (auto l = self->current_link(); l && l->inc == self->inc && !self->stopping.load())
+        l->accepting.store(true);
       auto held = std::move(self->early);
       self->early.clear();
       for (auto& m : held) self->send(std::move(m));
@@ -369,35 +616,29 @@ struct worker_supervisor::impl : std::enable_shared_from_this<impl> {
 
   void on_reply() {
     auto it = calls.find(in_header.id);
-    if (it == calls.end()) return;  // never sent by this incarnation: ignored
+    if (it == calls.end()) {
+      // A ring call whose reply did not fit a slot, or never sent by this
+      // incarnation (ignored).
+      if (auto l = current_link(); l && l->inc == inc)
+        l->complete(in_header.id, in_header.arg, std::move(in_payload));
+      return;
+    }
     auto done = std::move(it->second.done);
     calls.erase(it);
     {
       std::lock_guard lk(mu);
       stats.calls_pending = calls.size();
     }
-    if (in_header.arg == 0) return done(std::move(in_payload));
-    std::int32_t code = 0, native = 0;
-    std::string lib, msg;
-    if (!wire::decode_error(in_payload, code, native, lib, msg) || code <= 0 ||
-        code > static_cast<std::int32_t>(errc::not_supported))
-      return done(make_error(errc::library, "the worker sent a malformed error"));
-    done(gpu_error(static_cast<errc>(code), library_name(lib), native, std::move(msg)));
-  }
-
-  /// The string literal gpu_error keeps for a library named by the worker.
-  static std::string_view library_name(const std::string& lib) {
-    for (std::string_view known : {"cuda", "cublas", "cudnn", "cufft", "curand", "atomr"})
-      if (lib == known) return known;
-    return "atomr";
+    done(decode_reply(in_header.arg, std::move(in_payload)));
   }
 
   /// A call past its deadline without a reply: the worker is hung.
   bool check_deadlines() {
-    if (calls.empty()) return true;
     const auto now = clock::now();
-    for (const auto& [id, c] : calls) {
-      if (c.deadline > now) continue;
+    auto l = current_link();
+    bool late = l && l->inc == inc && l->pending.load() > 0 && l->overdue(now);
+    for (const auto& [id, c] : calls) late = late || c.deadline <= now;
+    if (late) {
       end(with_tail(errc::timeout,
                     "an operation on the worker (pid " + std::to_string(proc->id()) +
                         ") had no answer by its deadline (its timeout plus the hang margin): "
@@ -513,6 +754,7 @@ struct worker_supervisor::impl : std::enable_shared_from_this<impl> {
   void end(gpu_error e) {
     if (ended) return;
     ended = true;
+    if (auto l = current_link()) l->accepting.store(false);
     failure = std::move(e);
     close_io();
     if (!reaped && proc) {
@@ -529,6 +771,12 @@ struct worker_supervisor::impl : std::enable_shared_from_this<impl> {
 
   /// Every request still waiting for this worker fails with `e`, at once.
   void fail_pending(const gpu_error& e) {
+    // The rings first: replies already written complete as answered (the
+    // worker may have put its fault's own error there before it exited).
+    if (auto l = current_link()) {
+      l->drain();
+      for (auto& done : l->close()) done(e);
+    }
     auto waiting = std::move(pending);
     pending.clear();
     for (auto& [id, done] : waiting) done(e);
@@ -558,6 +806,7 @@ struct worker_supervisor::impl : std::enable_shared_from_this<impl> {
       shared = {};  // a user's worker_arena keeps its mapping alive
     }
     fail_pending(failure.value_or(make_error(errc::device_unavailable, "stopped")));
+    set_link(nullptr);
     if (err) {
       boost::system::error_code ec;
       err->close(ec);
@@ -591,6 +840,7 @@ struct worker_supervisor::impl : std::enable_shared_from_this<impl> {
 
   void stop() {
     if (stopping.exchange(true)) return;
+    if (auto l = current_link()) l->accepting.store(false);
     if (ended) {
       // Between incarnations (never, as finish() restarts at once) or stopped.
       return;
@@ -622,12 +872,28 @@ result<std::shared_ptr<worker_supervisor>> worker_supervisor::start(asio::any_io
                       "the worker executable " + exe + " does not exist or is not executable");
   }
   auto p = std::make_shared<impl>(std::move(ex), std::move(o), std::move(obs), std::move(exe));
+  auto s = std::make_shared<worker_supervisor>(p);
+  if (p->opt.arena_bytes > 0) {
+    // The reply reader holds the state, not the supervisor: the last
+    // reference may go on this thread (a completion dropping the device).
+    s->reader_ = std::thread([p] { p->read_replies(); });
+    std::lock_guard lk(p->mu);
+    p->stats.reader_threads = 1;
+  }
   asio::post(p->strand, [p] { p->launch(); });
-  return std::make_shared<worker_supervisor>(std::move(p));
+  return s;
 }
 
 worker_supervisor::~worker_supervisor() {
   p_->stopping.store(true);
+  if (reader_.joinable()) {
+    p_->reader_stop.store(true);
+    p_->set_link(p_->current_link());  // wakes the reader wherever it sleeps
+    if (reader_.get_id() == std::this_thread::get_id())
+      reader_.detach();  // it leaves its loop once this returns
+    else
+      reader_.join();
+  }
   // No worker may outlive its supervisor, even when the io_context no longer
   // runs: kill and reap it here (the pending handlers then find it gone).
   if (const int pid = p_->live_pid.exchange(0); pid > 0) {
@@ -682,17 +948,30 @@ void worker_supervisor::arena_checksum(std::uint64_t offset, std::uint64_t lengt
 void worker_supervisor::call(std::uint16_t op, std::string payload,
                              std::chrono::steady_clock::time_point deadline,
                              std::uint64_t incarnation, reply_fn done) {
+  if (p_->fast_call(op, payload, deadline, incarnation, done)) return;
   asio::post(p_->strand, [p = p_, op, payload = std::move(payload), deadline, incarnation,
                           done = std::move(done)]() mutable {
     p->post_call(op, std::move(payload), deadline, incarnation, std::move(done));
   });
 }
 
-void worker_supervisor::notify_worker(std::uint16_t kind, std::uint16_t arg, std::string payload) {
+bool worker_supervisor::notify_worker(std::uint16_t kind, std::uint16_t arg, std::string payload) {
+  switch (p_->fast_notify(kind, arg, payload)) {
+    case impl::control::sent:
+      return true;
+    case impl::control::full:
+      // An allocation on the socket could be overtaken by a request naming
+      // it in a ring: refused. A release may come late: the socket takes it.
+      if (kind == static_cast<std::uint16_t>(wire::kind::call)) return false;
+      break;
+    case impl::control::no_link:
+      break;
+  }
   asio::post(p_->strand, [p = p_, kind, arg, payload = std::move(payload)] {
     if (p->ended || p->stopping.load()) return;
     p->send_or_hold(wire::encode(static_cast<wire::kind>(kind), arg, 0, payload));
   });
+  return true;
 }
 
 worker_arena worker_supervisor::arena() const {
@@ -701,8 +980,12 @@ worker_arena worker_supervisor::arena() const {
 }
 
 worker_statistics worker_supervisor::statistics() const {
+  std::size_t ring_calls = 0;
+  if (auto l = p_->current_link()) ring_calls = l->pending.load();
   std::lock_guard lk(p_->mu);
-  return p_->stats;
+  auto s = p_->stats;
+  s.calls_pending += ring_calls;
+  return s;
 }
 
 std::string worker_supervisor::stderr_tail() const {

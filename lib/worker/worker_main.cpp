@@ -8,10 +8,11 @@
 // and after a sticky fault (having answered the request that met it). Not
 // meant to be started by hand.
 //
-// Usage: atomr-cuda-worker --socket NAME [--ordinal N] [--arena NAME --arena-bytes N]
-//                          [--threads N] [--no-cuda] [--test-faults]
-//   --arena        a POSIX shared memory object the service made: the bulk
-//                  data path, mapped here and registered with cudaHostRegister
+// Usage: atomr-cuda-worker --socket NAME [--ordinal N] [--arena NAME --arena-bytes N
+//                          --rings N] [--threads N] [--no-cuda] [--test-faults]
+//   --arena        a POSIX shared memory object the service made: the request
+//                  rings (--rings of them), then the arena of --arena-bytes
+//                  (the bulk data path, registered with cudaHostRegister)
 //   --threads      threads running the worker's io_context (default 4)
 //   --no-cuda      do not touch CUDA (the hello reports device_unavailable):
 //                  for the supervision tests on machines without a GPU
@@ -19,6 +20,7 @@
 //                  clean exit, and as requests an illegal-address kernel and a
 //                  kernel that never ends
 #include "protocol.hpp"
+#include "ring.hpp"
 #include "test_kernels.hpp"
 
 #include <atomr/cuda.hpp>
@@ -71,6 +73,7 @@ struct args {
   std::string socket;
   std::string arena;
   std::uint64_t arena_bytes = 0;
+  std::size_t rings = 0;
   int ordinal = 0;
   int threads = 4;
   bool no_cuda = false;
@@ -81,7 +84,7 @@ int usage(const char* why) {
   std::fprintf(stderr,
                "atomr-cuda-worker: %s\n"
                "usage: atomr-cuda-worker --socket NAME [--ordinal N] [--arena NAME --arena-bytes "
-               "N] [--threads N] [--no-cuda] [--test-faults]\n"
+               "N --rings N] [--threads N] [--no-cuda] [--test-faults]\n"
                "(started by an isolated atomr::cuda::device; not meant to be run by hand)\n",
                why);
   return 64;
@@ -154,8 +157,18 @@ public:
     if (!a_.arena.empty()) {
       namespace ipc = boost::interprocess;
       try {
+        const std::size_t rings = std::min(a_.rings, wire::max_rings);
+        const wire::region_layout layout{rings};
         ipc::shared_memory_object shm(ipc::open_only, a_.arena.c_str(), ipc::read_write);
-        arena_ = std::make_unique<ipc::mapped_region>(shm, ipc::read_write, 0, a_.arena_bytes);
+        auto m = std::make_unique<ipc::mapped_region>(shm, ipc::read_write, 0,
+                                                      layout.bytes() + a_.arena_bytes);
+        auto* base = static_cast<std::byte*>(m->get_address());
+        const auto* h = reinterpret_cast<const wire::region_header*>(base);
+        if (rings == 0 || h->magic != wire::ring_magic || h->rings != rings)
+          throw std::runtime_error("the request rings are not laid out as --rings says");
+        rings_ = wire::region_view::map(base, rings, false);
+        arena_base_ = base + layout.bytes();
+        arena_ = std::move(m);
       } catch (const std::exception& e) {
         std::fprintf(stderr, "atomr-cuda-worker: cannot map the arena %s: %s\n", a_.arena.c_str(),
                      e.what());
@@ -177,6 +190,14 @@ public:
   }
 
   bool arena_mapped() const { return arena_ != nullptr; }
+
+  /// Starts one thread per request ring (after open(): requests pushed
+  /// before wait in the rings).
+  void start_rings(std::vector<std::thread>& threads) {
+    if (!arena_) return;
+    for (std::size_t r = 0; r < rings_.rings; ++r)
+      threads.emplace_back([this, r] { ring_loop(r); });
+  }
 
   /// Sends one message (any thread); writes are serialised on a strand.
   void send(std::vector<std::byte> msg) {
@@ -238,6 +259,7 @@ private:
   }
 
   void on_message(const wire::header& h, const std::vector<char>& payload) {
+    drain_control();  // allocations announced before this message come first
     switch (static_cast<wire::kind>(h.type)) {
       case wire::kind::ping: {
         wire::pong_payload mem;
@@ -264,7 +286,7 @@ private:
         }
         inject(static_cast<wire::fault_kind>(h.arg));
       case wire::kind::release:
-        return release(h, payload);
+        return release(h.arg, payload);
       case wire::kind::call:
         if (static_cast<wire::op_code>(h.arg) == wire::op_code::alloc) return alloc(payload);
         // Each request runs as its own coroutine: the next message is read
@@ -283,19 +305,17 @@ private:
     if (!a_.test_faults) return;
     std::uint64_t range[2] = {0, 0};
     if (payload.size() >= sizeof range) std::memcpy(range, payload.data(), sizeof range);
-    const bool ok =
-        arena_ && range[0] <= arena_->get_size() && range[1] <= arena_->get_size() - range[0];
+    const bool ok = arena_ && range[0] <= a_.arena_bytes && range[1] <= a_.arena_bytes - range[0];
     std::uint64_t hash = 0;
-    if (ok)
-      hash = wire::fnv1a(static_cast<const char*>(arena_->get_address()) + range[0], range[1]);
+    if (ok) hash = wire::fnv1a(arena_base_ + range[0], range[1]);
     send(wire::encode(wire::kind::checksum_result, ok ? 0 : 1, h.id, wire::bytes_of(hash)));
   }
 
-  void release(const wire::header& h, const std::vector<char>& payload) {
+  void release(std::uint16_t kind, const std::vector<char>& payload) {
     std::uint64_t id = 0;
     if (!wire::read_pod(payload, id)) return;
     std::lock_guard lk(mu_);
-    if (static_cast<wire::release_kind>(h.arg) == wire::release_kind::buffer)
+    if (static_cast<wire::release_kind>(kind) == wire::release_kind::buffer)
       buffers_.erase(id);  // freed stream-ordered once the work using it is done
     else
       actors_.erase(id);
@@ -348,9 +368,9 @@ private:
 
   /// Arena bytes [off, off + bytes), checked.
   result<std::byte*> arena_at(std::uint64_t off, std::uint64_t bytes) {
-    if (!arena_ || off > arena_->get_size() || bytes > arena_->get_size() - off)
+    if (!arena_ || off > a_.arena_bytes || bytes > a_.arena_bytes - off)
       return cu::make_error(errc::invalid_argument, "worker: range outside the arena");
-    return static_cast<std::byte*>(arena_->get_address()) + off;
+    return arena_base_ + off;
   }
 
   result<cu::stream> transfer_stream() {
@@ -532,6 +552,46 @@ private:
   }
 
   asio::awaitable<void> run_call(std::uint64_t id, wire::op_code op, std::vector<char> payload) {
+    const auto r = co_await answer_of(op, payload);
+    if (r) {
+      send(wire::encode(wire::kind::reply, 0, id));
+      co_return;
+    }
+    send(wire::encode(wire::kind::reply, 1, id, error_payload(r.error())));
+  }
+
+  /// A request of ring `ring`, answered through its reply ring (the socket
+  /// when the answer does not fit a slot or the ring is full).
+  asio::awaitable<void> ring_call(std::size_t ring, wire::ring_message m) {
+    const auto r = co_await answer_of(static_cast<wire::op_code>(m.op), m.payload);
+    const std::string err = r ? std::string() : error_payload(r.error());
+    const std::uint16_t arg = r ? 0 : 1;
+    if (rings_.replies[ring].push(m.id, arg, 0, err))
+      wire::ring::wake(rings_.header->reader);
+    else
+      send(wire::encode(wire::kind::reply, arg, m.id, err));
+    --outstanding_[ring];
+    if (dying_.load() && !r && r.error().code() == errc::context_poisoned) {
+      // Answered; the socket's queue may still hold answers: the writer
+      // exits once it is empty, and here the process exits if it is idle.
+      asio::post(wstrand_, [this] {
+        if (!writing_) {
+          std::fprintf(stderr, "atomr-cuda-worker: the context is poisoned; exiting\n");
+          quit(3);
+        }
+      });
+    }
+  }
+
+  /// The error as a reply's payload; a poisoned context makes the worker exit
+  /// once its answers are out.
+  std::string error_payload(const cu::gpu_error& e) {
+    if (e.code() == errc::context_poisoned) dying_.store(true);
+    return wire::encode_error(static_cast<std::int32_t>(e.code()), e.native_status(), e.library(),
+                              e.message());
+  }
+
+  asio::awaitable<result<void>> answer_of(wire::op_code op, const std::vector<char>& payload) {
     result<void> r = cu::outcome::success();
     if (dying_.load()) {
       r = cu::make_error(errc::context_poisoned,
@@ -543,22 +603,92 @@ private:
         r = cu::make_error(errc::library, std::string("worker: ") + e.what());
       }
     }
-    if (r) {
-      send(wire::encode(wire::kind::reply, 0, id));
-      co_return;
+    co_return r;
+  }
+
+  /// Allocations and releases the service put in the control ring, applied
+  /// before any request is dispatched (any thread; one at a time).
+  void drain_control() {
+    if (!arena_) return;
+    if (rings_.control.claimed() == control_done_.load(std::memory_order_acquire)) return;
+    std::lock_guard lk(control_mu_);
+    wire::ring_message m;
+    while (rings_.control.pop(m)) {
+      if (m.op == static_cast<std::uint16_t>(wire::kind::call) &&
+          m.arg == static_cast<std::uint16_t>(wire::op_code::alloc))
+        alloc(m.payload);
+      else if (m.op == static_cast<std::uint16_t>(wire::kind::release))
+        release(m.arg, m.payload);
+      control_done_.fetch_add(1, std::memory_order_release);
     }
-    const auto& e = r.error();
-    if (e.code() == errc::context_poisoned) dying_.store(true);  // exit once answered
-    send(wire::encode(wire::kind::reply, 1, id,
-                      wire::encode_error(static_cast<std::int32_t>(e.code()), e.native_status(),
-                                         e.library(), e.message())));
+  }
+
+  /// One request ring's thread: takes requests, runs each as a coroutine on
+  /// this thread's own io_context (their GPU completions come back here),
+  /// answers through the ring's reply ring. Spins while it has work or had
+  /// some within `idle_spin`; with requests in flight and nothing new for
+  /// `busy_spin`, it naps in short waits for their completions; idle, it
+  /// sleeps on the ring's semaphore, which a service thread posts.
+  void ring_loop(std::size_t r) {
+    using clock = std::chrono::steady_clock;
+    constexpr auto idle_spin = std::chrono::microseconds(200);
+    constexpr auto busy_spin = std::chrono::microseconds(1000);
+    asio::io_context rio(1);
+    auto guard = asio::make_work_guard(rio);
+    auto& q = rings_.requests[r];
+    auto last = clock::now();
+    for (;;) {
+      std::size_t n = 0;
+      if (q.ready()) {
+        drain_control();
+        wire::ring_message m;
+        while (q.pop(m)) {
+          ++n;
+          ++outstanding_[r];
+          asio::co_spawn(rio, ring_call(r, std::move(m)), asio::detached);
+        }
+      }
+      n += rio.poll();
+      const auto now = clock::now();
+      if (n) {
+        last = now;
+        continue;
+      }
+      const auto idle = now - last;
+      if (outstanding_[r] > 0) {
+        if (idle < busy_spin)
+          cpu_relax();
+        else if (rio.run_one_for(std::chrono::microseconds(50)))
+          last = clock::now();
+        continue;
+      }
+      if (idle < idle_spin) {
+        cpu_relax();
+        continue;
+      }
+      q.sleep(std::chrono::milliseconds(100));
+      last = clock::now();
+    }
+  }
+
+  static void cpu_relax() noexcept {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#elif defined(__aarch64__)
+    asm volatile("yield");
+#endif
   }
 
   asio::io_context& io_;
   asio::local::stream_protocol::socket sock_;
   asio::strand<asio::io_context::executor_type> wstrand_;
   const args& a_;
-  std::unique_ptr<boost::interprocess::mapped_region> arena_;
+  std::unique_ptr<boost::interprocess::mapped_region> arena_;  // rings, then arena
+  std::byte* arena_base_ = nullptr;
+  wire::region_view rings_;
+  std::size_t outstanding_[wire::max_rings] = {};  // ring r's, on its thread only
+  std::mutex control_mu_;
+  std::atomic<std::uint64_t> control_done_{0};
   cu::device dev_;
   std::mutex mu_;
   std::unordered_map<std::uint64_t, buffer_entry> buffers_;   // guarded by mu_
@@ -581,6 +711,8 @@ int main(int argc, char** argv) {
       a.arena = argv[++i];
     else if (s == "--arena-bytes" && i + 1 < argc)
       a.arena_bytes = std::strtoull(argv[++i], nullptr, 10);
+    else if (s == "--rings" && i + 1 < argc)
+      a.rings = std::strtoull(argv[++i], nullptr, 10);
     else if (s == "--ordinal" && i + 1 < argc)
       a.ordinal = std::atoi(argv[++i]);
     else if (s == "--threads" && i + 1 < argc)
@@ -613,6 +745,7 @@ int main(int argc, char** argv) {
                       wire::hello_payload(::getpid(), status, w.arena_mapped(), message)));
   asio::co_spawn(io, w.read_loop(), asio::detached);
   std::vector<std::thread> more;
+  w.start_rings(more);
   for (int i = 1; i < a.threads; ++i) more.emplace_back([&] { io.run(); });
   io.run();
   for (auto& t : more) t.join();

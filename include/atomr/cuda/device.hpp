@@ -56,6 +56,12 @@ struct isolation_options {
   /// timeout. 1 ms to 1 hour each.
   std::chrono::milliseconds hang_margin{2000};
   std::chrono::milliseconds max_op_time{60000};
+  /// From the worker's spawn to its hello (CUDA context creation included);
+  /// longer is a failed start. 1 ms to 1 hour.
+  std::chrono::milliseconds start_timeout{20000};
+  /// Request rings in shared memory (docs/design.md, "The request rings"): a
+  /// service thread puts its requests in one, a worker thread serves each. 1 to 16.
+  std::size_t rings = 4;
   /// Shared memory for bulk data (uploads, downloads), registered as pinned
   /// memory in the worker. Larger transfers go through it in pieces.
   /// 1 MiB to 16 GiB.

@@ -14,6 +14,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 namespace atomr::cuda {
@@ -41,6 +42,9 @@ struct worker_options {
   /// Bytes of the shared arena (POSIX shared memory made per worker, mapped
   /// by both processes: the bulk data path); 0: none.
   std::size_t arena_bytes = std::size_t{64} << 20;
+  /// Request rings in the shared memory (with an arena only; 1 to 16): a
+  /// service thread uses one, a worker thread serves each.
+  std::size_t rings = 4;
 };
 
 /// The current worker's shared arena as mapped in this process. `keep` holds
@@ -88,10 +92,15 @@ struct worker_statistics {
   std::size_t calls_pending = 0;
   /// Restarts the budget allows in its window, as of the last failure.
   std::size_t restarts_left = 0;
+  /// Threads this supervisor started: the reply reader (1 with an arena,
+  /// from start() to the destructor), and the times it went to sleep.
+  std::size_t reader_threads = 0;
+  std::uint64_t reader_sleeps = 0;
 };
 
 /// Starts, watches and restarts one worker process. Runs on its executor's
-/// io threads, starts no thread of its own: the child is an Asio I/O object
+/// io threads; the one thread it starts reads the replies of the shared-memory
+/// request rings (with an arena). Otherwise: the child is an Asio I/O object
 /// (Boost.Process v2: its exit is awaited through a pidfd), the control
 /// channel an abstract Unix socket, heartbeats a timer. A worker that dies
 /// (any signal, a non-zero or zero exit), stops answering heartbeats, or
@@ -131,8 +140,9 @@ public:
 
   /// What a call is answered with: the value's bytes, or the error.
   using reply_fn = std::function<void(result<std::vector<char>>)>;
-  /// Sends one operation (wire::kind::call with `op`) and runs `done` on the
-  /// supervisor's strand with the worker's reply, or with the worker's
+  /// Sends one operation (wire::kind::call with `op`) and runs `done` with
+  /// the worker's reply (on the reply reader thread when it went through the
+  /// shared-memory rings, else on the supervisor's strand), or with the worker's
   /// failure (at once when it ends, restarts or is stopped; a pending call
   /// never hangs). Sent at once while a worker runs; held and sent after the
   /// hello while the first worker starts; failed with device_unavailable
@@ -143,9 +153,12 @@ public:
   /// fails with stale_ref (nothing sent) on any other.
   void call(std::uint16_t op, std::string payload, std::chrono::steady_clock::time_point deadline,
             std::uint64_t incarnation, reply_fn done);
-  /// Sends a message that has no answer (alloc, release), in order with
-  /// calls; dropped when no worker runs or starts.
-  void notify_worker(std::uint16_t kind, std::uint16_t arg, std::string payload);
+  /// Sends a message that has no answer (alloc, release): through the
+  /// control ring, which the worker reads before every request, or the
+  /// socket when the ring is full; dropped when no worker runs or starts.
+  /// False (nothing sent) for a `call` (an alloc) while the control ring is
+  /// full: on the socket it could be overtaken by a request naming it.
+  bool notify_worker(std::uint16_t kind, std::uint16_t arg, std::string payload);
 
   worker_statistics statistics() const;
   /// The current (or last) worker's last stderr lines, oldest first.
@@ -156,6 +169,7 @@ public:
 
 private:
   std::shared_ptr<impl> p_;
+  std::thread reader_;  // the reply reader (docs/design.md, "The request rings")
 };
 
 /// The worker executable: $ATOMR_CUDA_WORKER if set, else
