@@ -7,6 +7,7 @@
 #include <atomr/cuda/detail/worker_supervisor.hpp>
 
 #include "../lib/worker/protocol.hpp"
+#include "../lib/worker/ring.hpp"
 #include <doctest/doctest.h>
 
 #include <signal.h>
@@ -17,9 +18,12 @@
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
+#include <cstring>
 #include <functional>
+#include <map>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #if ATOMR_CUDA_HAS_WORKER
@@ -250,6 +254,204 @@ TEST_CASE_FIXTURE(worker_fixture,
   w->stop();
   REQUIRE(run_until([&] { return w->statistics().state == worker_state::stopped; }));
   CHECK(shm_entries() == 0);
+}
+
+namespace {
+
+/// Answers counted by code (done runs on the reply reader or the strand).
+struct answers {
+  std::mutex mu;
+  std::map<errc, std::size_t> by_code;
+  std::size_t ok = 0, total = 0;
+  std::string last_message;
+  worker_supervisor::reply_fn fn() {
+    return [this](result<std::vector<char>> r) {
+      std::lock_guard lk(mu);
+      ++total;
+      if (r) {
+        ++ok;
+        return;
+      }
+      ++by_code[r.error().code()];
+      last_message = r.error().message();
+    };
+  }
+  std::size_t count() {
+    std::lock_guard lk(mu);
+    return total;
+  }
+};
+
+std::string copy_payload(std::uint64_t i) {
+  wire::copy_args a;
+  a.src = {i, 0, 1};
+  a.dst = {i + 1, 0, 1};
+  a.type = 0;
+  return std::string(wire::bytes_of(a));
+}
+
+}  // namespace
+
+TEST_CASE_FIXTURE(worker_fixture,
+                  "worker rings: calls from several threads go through the shared-memory rings "
+                  "and each gets exactly one answer; too large ones take the socket") {
+  auto o = options();
+  o.arena_bytes = std::size_t{4} << 20;
+  o.rings = 2;
+  auto w = start(o);
+  REQUIRE(run_until([&] { return running_incarnation(w, 1); }));
+  CHECK(w->statistics().reader_threads == 1);
+  // An allocation through the control ring (the --no-cuda worker records it
+  // as failed: the later requests naming it are answered all the same).
+  wire::alloc_args al;
+  al.handle = 1;
+  al.count = 16;
+  CHECK(w->notify_worker(static_cast<std::uint16_t>(wire::kind::call),
+                         static_cast<std::uint16_t>(wire::op_code::alloc),
+                         std::string(wire::bytes_of(al))));
+  answers got;
+  constexpr int threads = 4, per_thread = 500;
+  const auto deadline = std::chrono::steady_clock::now() + 60s;
+  std::vector<std::thread> ts;
+  for (int t = 0; t < threads; ++t)
+    ts.emplace_back([&, t] {
+      for (int i = 0; i < per_thread; ++i)
+        w->call(static_cast<std::uint16_t>(wire::op_code::copy),
+                copy_payload(static_cast<std::uint64_t>(t * per_thread + i)), deadline, 0,
+                got.fn());
+    });
+  for (auto& t : ts) t.join();
+  // One call too large for a slot: the socket.
+  w->call(static_cast<std::uint16_t>(wire::op_code::copy), std::string(wire::ring_payload + 8, 'x'),
+          deadline, 0, got.fn());
+  const std::size_t want = threads * per_thread + 1;
+  REQUIRE(run_until([&] { return got.count() == want; }));
+  run_until([] { return false; }, 50ms);  // a second answer would show here
+  CHECK(got.count() == want);
+  CHECK(got.ok == 0);
+  CHECK(got.by_code[errc::device_unavailable] == want);  // the worker has no device
+  CHECK(got.last_message.find("the worker has no device") != std::string::npos);
+  const auto st = w->statistics();
+  CHECK(st.ring_calls == threads * per_thread);
+  CHECK(st.socket_calls == 1);
+  CHECK(st.calls_pending == 0);
+  CHECK(st.state == worker_state::running);
+  w->stop();
+  REQUIRE(run_until([&] { return w->statistics().state == worker_state::stopped; }));
+}
+
+TEST_CASE_FIXTURE(worker_fixture,
+                  "worker rings: calls waiting in the rings fail at once when the worker dies, "
+                  "none hangs, and the next worker answers through its own rings") {
+  auto o = options();
+  o.arena_bytes = std::size_t{4} << 20;
+  auto w = start(o);
+  REQUIRE(run_until([&] { return running_incarnation(w, 1); }));
+  const int pid = w->statistics().pid;
+  // Stopped, it reads nothing: the calls wait in the rings.
+  REQUIRE(::kill(pid, SIGSTOP) == 0);
+  answers got;
+  const auto deadline = std::chrono::steady_clock::now() + 60s;
+  for (std::uint64_t i = 0; i < 300; ++i)
+    w->call(static_cast<std::uint16_t>(wire::op_code::copy), copy_payload(i), deadline, 0,
+            got.fn());
+  run_until([] { return false; }, 20ms);
+  CHECK(got.count() == 0);
+  CHECK(w->statistics().calls_pending == 300);
+  CHECK(w->statistics().ring_calls == 300);
+  REQUIRE(::kill(pid, SIGKILL) == 0);
+  REQUIRE(run_until([&] { return got.count() == 300; }));
+  CHECK(got.by_code[errc::context_poisoned] == 300);
+  CHECK(got.last_message.find("killed by signal 9") != std::string::npos);
+  CHECK(w->statistics().calls_pending == 0);
+  REQUIRE(run_until([&] { return running_incarnation(w, 2); }));
+  CHECK(pid_gone(pid));
+  answers again;
+  for (std::uint64_t i = 0; i < 100; ++i)
+    w->call(static_cast<std::uint16_t>(wire::op_code::copy), copy_payload(i), deadline, 0,
+            again.fn());
+  REQUIRE(run_until([&] { return again.count() == 100; }));
+  CHECK(again.by_code[errc::device_unavailable] == 100);
+  CHECK(w->statistics().ring_calls == 400);
+  w->stop();
+  REQUIRE(run_until([&] { return w->statistics().state == worker_state::stopped; }));
+}
+
+TEST_CASE(
+    "request ring: many producers, one consumer: every message once, in each producer's "
+    "order; full and oversized pushes refused; a sleeping consumer is woken") {
+  const wire::region_layout layout{1};
+  const std::size_t bytes = layout.bytes();
+  auto* base = static_cast<std::byte*>(std::aligned_alloc(4096, bytes));
+  REQUIRE(base);
+  std::memset(base, 0, bytes);
+  auto v = wire::region_view::map(base, 1, true);
+  auto& q = v.requests[0];
+
+  // Full: ring_slots messages fit, one more does not; too large never does.
+  for (std::size_t i = 0; i < wire::ring_slots; ++i) REQUIRE(q.push(i, 1, 0, "x"));
+  CHECK_FALSE(q.push(99999, 1, 0, "x"));
+  CHECK_FALSE(v.requests[0].push(1, 1, 0, std::string(wire::ring_payload + 1, 'y')));
+  wire::ring_message m;
+  for (std::size_t i = 0; i < wire::ring_slots; ++i) {
+    REQUIRE(q.pop(m));
+    CHECK(m.id == i);
+  }
+  CHECK_FALSE(q.pop(m));
+
+  // Four producers, one consumer, many laps around the ring.
+  constexpr std::uint64_t producers = 4, each = 50000;
+  std::vector<std::thread> ts;
+  for (std::uint64_t p = 0; p < producers; ++p)
+    ts.emplace_back([&, p] {
+      for (std::uint64_t i = 0; i < each; ++i) {
+        const std::uint64_t word[2] = {p, i};
+        const std::string_view pay(reinterpret_cast<const char*>(word), sizeof word);
+        while (!q.push((p << 32) | i, 7, static_cast<std::uint16_t>(p), pay))
+          std::this_thread::yield();
+        wire::ring::wake(*q.head());
+      }
+    });
+  std::vector<std::uint64_t> next(producers, 0);
+  std::uint64_t received = 0, bad = 0;
+  while (received < producers * each) {
+    if (!q.pop(m)) {
+      q.sleep(std::chrono::milliseconds(10));
+      continue;
+    }
+    std::uint64_t word[2] = {0, 0};
+    if (m.payload.size() != sizeof word) {
+      ++bad;
+      ++received;
+      continue;
+    }
+    std::memcpy(word, m.payload.data(), sizeof word);
+    const auto p = word[0];
+    if (p >= producers || word[1] != next[p] || m.id != ((p << 32) | word[1]) || m.op != 7 ||
+        m.arg != p)
+      ++bad;
+    else
+      ++next[p];
+    ++received;
+  }
+  for (auto& t : ts) t.join();
+  CHECK(bad == 0);
+  for (auto n : next) CHECK(n == each);
+  CHECK_FALSE(q.pop(m));
+
+  // A consumer asleep (for up to 5 s) is woken by a push within far less.
+  const auto t0 = std::chrono::steady_clock::now();
+  std::thread late([&] {
+    std::this_thread::sleep_for(50ms);
+    CHECK(q.push(1, 1, 0, {}));
+    wire::ring::wake(*q.head());
+  });
+  while (!q.ready()) q.sleep(5s);
+  const auto took = std::chrono::steady_clock::now() - t0;
+  late.join();
+  CHECK(took < 2s);
+  CHECK(q.pop(m));
+  std::free(base);
 }
 
 TEST_CASE_FIXTURE(worker_fixture, "worker: a missing executable fails at once") {

@@ -276,6 +276,7 @@ struct worker_supervisor::impl : std::enable_shared_from_this<impl> {
   std::condition_variable link_cv;
   std::atomic<bool> reader_stop{false};
   std::atomic<std::uint64_t> next_ring_id{1};
+  std::atomic<std::uint64_t> ring_calls{0}, socket_calls{0};
 
   std::shared_ptr<ring_link> current_link() {
     std::lock_guard lk(link_mu);
@@ -360,6 +361,7 @@ struct worker_supervisor::impl : std::enable_shared_from_this<impl> {
     auto& r = l->v.requests[ring_index(l->v.rings)];
     if (r.push(id, op, 0, payload)) {
       wire::ring::wake(*r.head());
+      ring_calls.fetch_add(1, std::memory_order_relaxed);
       return true;
     }
     auto back = l->take(id);  // the ring is full: the socket takes it
@@ -949,6 +951,7 @@ void worker_supervisor::call(std::uint16_t op, std::string payload,
                              std::chrono::steady_clock::time_point deadline,
                              std::uint64_t incarnation, reply_fn done) {
   if (p_->fast_call(op, payload, deadline, incarnation, done)) return;
+  p_->socket_calls.fetch_add(1, std::memory_order_relaxed);
   asio::post(p_->strand, [p = p_, op, payload = std::move(payload), deadline, incarnation,
                           done = std::move(done)]() mutable {
     p->post_call(op, std::move(payload), deadline, incarnation, std::move(done));
@@ -985,6 +988,8 @@ worker_statistics worker_supervisor::statistics() const {
   std::lock_guard lk(p_->mu);
   auto s = p_->stats;
   s.calls_pending += ring_calls;
+  s.ring_calls = p_->ring_calls.load();
+  s.socket_calls = p_->socket_calls.load();
   return s;
 }
 

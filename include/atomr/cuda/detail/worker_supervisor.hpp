@@ -96,6 +96,9 @@ struct worker_statistics {
   /// from start() to the destructor), and the times it went to sleep.
   std::size_t reader_threads = 0;
   std::uint64_t reader_sleeps = 0;
+  /// Calls sent through the shared-memory rings, and through the socket
+  /// (too large for a slot, a full ring, no worker accepting).
+  std::uint64_t ring_calls = 0, socket_calls = 0;
 };
 
 /// Starts, watches and restarts one worker process. Runs on its executor's
