@@ -13,6 +13,7 @@
 #include <boost/asio/async_result.hpp>
 #include <boost/asio/bind_executor.hpp>
 #include <boost/asio/dispatch.hpp>
+#include <boost/asio/experimental/awaitable_operators.hpp>
 #include <boost/asio/post.hpp>
 #include <boost/asio/redirect_error.hpp>
 #include <boost/asio/steady_timer.hpp>
@@ -137,7 +138,10 @@ clock::time_point remote_device::deadline(const completion& how) const {
 }
 
 std::size_t remote_device::piece_bytes() const noexcept {
-  return std::max<std::size_t>(256, (dev_.options.isolation.arena_bytes / 4) & ~std::size_t{255});
+  // A quarter of the arena at most (four transfers progress at once), and
+  // 16 MiB at most, so that a large download's pieces overlap its copies out.
+  const std::size_t quarter = (dev_.options.isolation.arena_bytes / 4) & ~std::size_t{255};
+  return std::clamp<std::size_t>(quarter, 256, std::size_t{16} << 20);
 }
 
 result<std::shared_ptr<arena_block>> remote_device::try_block(std::size_t bytes) {
@@ -365,14 +369,6 @@ std::string transfer_payload(const remote_view& v, std::size_t elem_off, std::si
   return std::string(wire::bytes_of(a));
 }
 
-/// One piece's request; `keep`: its block, held until the answer.
-asio::awaitable<result<void>> piece_call(device_impl& d, wire::op_code op, std::string payload,
-                                         completion how, std::shared_ptr<arena_block> b) {
-  const auto inc = b->incarnation();
-  BOOST_OUTCOME_CO_TRY(co_await remote_call(d, op, std::move(payload), how, std::move(b), inc));
-  co_return outcome::success();
-}
-
 }  // namespace
 
 result<std::shared_ptr<remote_staging>> remote_stage_upload(const remote_view& dst, const void* src,
@@ -419,29 +415,56 @@ asio::awaitable<result<void>> remote_upload(std::shared_ptr<remote_staging> s,
     }
     const std::size_t n = std::min(b->bytes(), s->bytes - at);
     auto payload = transfer_payload(s->dst, at / es, n / es, *b);
+    const auto inc = b->incarnation();
     BOOST_OUTCOME_CO_TRY(
-        co_await piece_call(d, wire::op_code::upload, std::move(payload), c, std::move(b)));
+        co_await remote_call(d, wire::op_code::upload, std::move(payload), c, std::move(b), inc));
     at += n;
   }
   co_return outcome::success();
 }
 
+namespace {
+
+/// A finished download piece's bytes out of its block.
+asio::awaitable<void> copy_out(std::shared_ptr<arena_block> b, std::byte* to, std::size_t n) {
+  std::memcpy(to, b->data(), n);
+  co_return;
+}
+
+}  // namespace
+
 asio::awaitable<result<void>> remote_download(remote_view src, void* dst, std::size_t bytes,
                                               const stream& on, std::optional<completion> how) {
+  using namespace asio::experimental::awaitable_operators;
   BOOST_OUTCOME_CO_TRY(check_view("download", "src", src));
   BOOST_OUTCOME_CO_TRY(check_stream("download", src, on));
   BOOST_OUTCOME_CO_TRY(auto c, resolve_how(src, how));
   auto& d = *src.st->dev;
+  auto* out = static_cast<std::byte*>(dst);
   const std::size_t es = size_of(src.st->type);
+  // Piece i + 1's DMA runs in the worker while piece i is copied out here.
+  std::shared_ptr<arena_block> done;  // a piece answered, not copied out yet
+  std::size_t done_at = 0, done_n = 0;
   std::size_t at = 0;
   while (at < bytes) {
     BOOST_OUTCOME_CO_TRY(auto b, co_await wait_block(d, bytes - at));
     const std::size_t n = std::min(b->bytes(), bytes - at);
     auto payload = transfer_payload(src, at / es, n / es, *b);
-    BOOST_OUTCOME_CO_TRY(co_await piece_call(d, wire::op_code::download, std::move(payload), c, b));
-    std::memcpy(static_cast<std::byte*>(dst) + at, b->data(), n);
+    const auto inc = b->incarnation();
+    result<std::vector<char>> r = outcome::success();
+    if (done) {
+      r = co_await (remote_call(d, wire::op_code::download, std::move(payload), c, b, inc) &&
+                    copy_out(std::move(done), out + done_at, done_n));
+    } else {
+      r = co_await remote_call(d, wire::op_code::download, std::move(payload), c, b, inc);
+    }
+    if (!r) co_return r.error();
+    done = std::move(b);
+    done_at = at;
+    done_n = n;
     at += n;
   }
+  if (done) std::memcpy(out + done_at, done->data(), done_n);
   co_return outcome::success();
 }
 
