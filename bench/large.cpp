@@ -725,7 +725,7 @@ asio::awaitable<result<void>> run_fft(cuda::device dev, const config& cfg, std::
 
   // Both sides read the same input and write the same output buffer, so
   // that where the 512 MiB arrays lie does not count (it moved the GPU time
-  // by up to 1%: docs/performance.md, session 7). The outputs are compared
+  // by up to 1%: docs/history/performance.md, session 7). The outputs are compared
   // from one untimed run of each side afterwards.
   BOOST_OUTCOME_CO_TRY(auto din, buffer<c32>(dev, n));
   BOOST_OUTCOME_CO_TRY(auto dout, buffer<c32>(dev, n));

@@ -1,6 +1,6 @@
 // A 2-D convolution on cuDNN's graph (backend) API. The legacy
 // cudnnConvolutionForward rebuilds its engine inside every call (75 to 88 us
-// of host time for a ResNet-50 layer on the H200, docs/performance.md); a
+// of host time for a ResNet-50 layer on the H200, docs/history/performance.md); a
 // finalized execution plan is built once per shape and each call is one
 // cudnnBackendExecute.
 #include "cudnn_graph.hpp"

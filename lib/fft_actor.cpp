@@ -249,7 +249,7 @@ result<std::shared_ptr<fft_plan>> fft_lane::plan_for(const fft_plan_key& key) {
   // The 32-bit planner whenever the whole batch is indexable with int: the
   // plan cufftPlan1d/cufftPlanMany users get and compare against. (Tried
   // against the 2^26-point C2C gap to cufftPlan1d; it was not the cause:
-  // docs/performance.md.)
+  // docs/history/performance.md.)
   long long total = key.batch;
   for (int d = 0; d < key.rank; ++d) total *= n[d];
   if (total <= std::numeric_limits<int>::max()) {

@@ -5,7 +5,7 @@
 // One poller per device therefore costs one cudaEventQuery per busy stream
 // per turn, however many coroutines are waiting (a poller per wait cost one
 // query per wait per turn, which capped throughput with many waits in
-// flight: docs/performance.md).
+// flight: docs/history/performance.md).
 #pragma once
 
 #include <boost/asio/any_io_executor.hpp>

@@ -24,7 +24,7 @@ for b in ${BENCHES:-latency throughput one_actor streams large torch pipeline to
                   --json "$out/throughput_streams.json") ;;
     # Nine paired rounds: the raw ceiling of the small operations moves by up
     # to 40% between rounds on the shared host, and with five rounds one
-    # slow stretch moved the sgemm 64 median at T = 8 by ~0.1 (docs/performance.md).
+    # slow stretch moved the sgemm 64 median at T = 8 by ~0.1 (docs/history/performance.md).
     throughput) cmd=("$build/bench/atomr-bench-throughput" --rounds 9 ${BENCH_ARGS:-}
                      --json "$out/throughput.json") ;;
     # One actor with default options shared by every io thread, as users

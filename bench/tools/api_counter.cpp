@@ -1,6 +1,6 @@
 // A diagnostic LD_PRELOAD shim: counts the CUDA runtime and cuBLAS calls a
 // process makes and the wall time spent in them, printed at exit. Used to
-// see where the library's per-operation CPU time goes (docs/performance.md):
+// see where the library's per-operation CPU time goes (docs/history/performance.md):
 //   g++ -O2 -shared -fPIC -o /tmp/api_counter.so bench/tools/api_counter.cpp
 //       -I/usr/local/cuda/include -ldl
 //   LD_PRELOAD=/tmp/api_counter.so build-gpu/bench/atomr-bench-throughput ...

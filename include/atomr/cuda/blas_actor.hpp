@@ -54,7 +54,7 @@ struct blas_options {
   /// once per shape, math mode and pointer alignment and cached, instead of
   /// cublasSgemm, which runs cuBLAS's heuristics on every call. Same math
   /// (pedantic f32, or TF32 when `tf32`); on the H200 host it cost ~2 us less
-  /// host time per small call (docs/performance.md, session 10). Uses the
+  /// host time per small call (docs/history/performance.md, session 10). Uses the
   /// actor's workspace (32 MiB from compute capability 9, else 4 MiB, made
   /// on first use). A shape cuBLASLt has no algorithm for, an empty one, or
   /// a workspace that could not be made falls back to cublasSgemm.

@@ -24,7 +24,7 @@ class pooled_event;
 }
 
 /// Which mechanism detects completion. The trade-offs: docs/design.md, "Completion
-/// strategies"; the measurements behind the default: docs/performance.md.
+/// strategies"; the measurements behind the default: docs/history/performance.md.
 enum class strategy : std::uint8_t {
   event_poll,     ///< record an event, query it from the awaiting executor until done
   host_fn,        ///< cudaLaunchHostFunc; the callback only posts to the awaiting executor

@@ -352,7 +352,7 @@ asio::awaitable<result<O>> run_kernel(std::string_view library, stream s, comple
   if (auto ok = detail::declare_output(l, output); !ok) co_return l.fail(ok.error());
   // A stream with event_poll work in flight: join its batch (one drain runs
   // the queued enqueues back to back and one event covers them all; see
-  // docs/performance.md). An idle stream launches at once (latency).
+  // docs/history/performance.md). An idle stream launches at once (latency).
   if (how.kind == strategy::event_poll && how.timeout == no_timeout &&
       detail::stream_busy(l.get_stream())) {
     using keep_t = typename detail::enqueue_keep<Enqueue>::type;
@@ -396,7 +396,7 @@ asio::awaitable<result<O>> run_kernel(std::string_view library, stream s, comple
   }
   auto keep_in_frame = std::move(keep).value();
   // Work that is already done (an empty or very short enqueue) needs no wait:
-  // one query here saves the trip through the executor (see docs/performance.md).
+  // one query here saves the trip through the executor (see docs/history/performance.md).
   if (detail::already_done(*done.value())) {
     l.succeed();
     co_return std::move(output);

@@ -18,7 +18,7 @@ class event_pool;
 /// host_fn waits, and cudaEventBlockingSync ones for blocking_sync waits (the
 /// waiting thread sleeps in cudaEventSynchronize instead of spinning). A
 /// blocking-sync record costs GPU time the others do not need (measured:
-/// docs/performance.md, session 8), so it is made only where a thread blocks.
+/// docs/history/performance.md, session 8), so it is made only where a thread blocks.
 class pooled_event {
 public:
   pooled_event(cudaEvent_t ev, bool blocking, std::shared_ptr<event_pool> pool) noexcept
