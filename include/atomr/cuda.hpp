@@ -26,3 +26,11 @@
 #include <atomr/cuda/run_kernel.hpp>
 #include <atomr/cuda/stream.hpp>
 #include <atomr/cuda/supervision.hpp>
+
+/// \namespace atomr::cuda
+/// The public API of atomr-accel-cuda: devices and their streams, device and
+/// pinned buffers, transfers, the library actors (cuBLAS, cuFFT, cuRAND,
+/// cuDNN), run_kernel for your own CUDA calls, composed and recorded units,
+/// and errors as values (result, gpu_error). Every asynchronous operation is
+/// an awaitable on Boost.Asio, and also takes any Asio completion token.
+/// Names in atomr::cuda::detail are the library's own and may change.

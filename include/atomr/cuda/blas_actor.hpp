@@ -75,7 +75,7 @@ struct blas_statistics {
   std::uint64_t gemm_graph_records = 0;   ///< gemm calls recorded into a CUDA graph
   std::uint64_t gemm_graph_launches = 0;  ///< gemm calls run as a recorded graph
   std::uint64_t gemm_graph_failures = 0;  ///< recordings that failed (recording then stops)
-  std::size_t gemm_graphs_cached = 0;
+  std::size_t gemm_graphs_cached = 0;     ///< recorded gemm graphs held now (cuda_graph_cache)
   std::uint64_t gemm_lt_calls = 0;  ///< f32 gemm and gemm_fused calls made through cublasLtMatmul
   std::uint64_t gemm_lt_plans = 0;  ///< cuBLASLt algorithm choices made (cached after)
   std::uint64_t gemm_lt_fallbacks = 0;  ///< f32 gemm calls cuBLASLt could not take
@@ -86,12 +86,19 @@ struct blas_statistics {
 /// A leading dimension of 0 means tight: the number of rows of the stored matrix.
 /// alpha and beta are converted to the compute type (f32 for f32, f16 and bf16).
 struct gemm_params {
-  blas_op transa = blas_op::n;
-  blas_op transb = blas_op::n;
+  blas_op transa = blas_op::n;  ///< op of A
+  blas_op transb = blas_op::n;  ///< op of B
+  /// The shape: op(A) is m x k, op(B) k x n, C m x n; each >= 0 and fits in int.
+  /// @{
   std::int64_t m = 0, n = 0, k = 0;
+  /// @}
+  /// Leading dimensions of the stored A, B and C; 0: tight (their rows),
+  /// else at least that.
+  /// @{
   std::int64_t lda = 0, ldb = 0, ldc = 0;
-  double alpha = 1.0;
-  double beta = 0.0;
+  /// @}
+  double alpha = 1.0;  ///< scales op(A) op(B)
+  double beta = 0.0;   ///< scales C's previous contents; 0: C is only written
 };
 
 /// What gemm_fused applies to each element x = alpha * op(A) op(B) + beta * C
@@ -104,6 +111,7 @@ enum class gemm_epilogue : std::uint8_t {
   bias_relu,  ///< max(x + bias[row], 0) (CUBLASLT_EPILOGUE_RELU_BIAS)
   bias_gelu,  ///< GELU(x + bias[row]) (CUBLASLT_EPILOGUE_GELU_BIAS)
 };
+/// The enumerator's name ("bias", "relu", ...); "unknown" for any other value.
 std::string_view to_string(gemm_epilogue e) noexcept;
 
 /// A stride of batch_params meaning tight: ld * (columns of the stored matrix).
@@ -113,20 +121,27 @@ inline constexpr std::int64_t tight_stride = -1;
 /// Strides of A and B may be 0 (the same matrix for every batch); C's must
 /// keep the batches of C apart.
 struct batch_params {
-  std::int64_t count = 1;
-  std::int64_t stride_a = tight_stride;
-  std::int64_t stride_b = tight_stride;
-  std::int64_t stride_c = tight_stride;
+  std::int64_t count = 1;                ///< number of matrices in each batch (>= 0)
+  std::int64_t stride_a = tight_stride;  ///< elements from one A to the next
+  std::int64_t stride_b = tight_stride;  ///< elements from one B to the next
+  std::int64_t stride_c = tight_stride;  ///< elements from one C to the next (>= one C's span)
 };
 
 /// y = alpha * op(A) * x + beta * y, with A stored m x n (before op).
 struct gemv_params {
-  blas_op trans = blas_op::n;
+  blas_op trans = blas_op::n;  ///< op of A
+  /// Rows and columns of the stored A; x has n elements (m with blas_op::t)
+  /// and y m (n with blas_op::t).
+  /// @{
   std::int64_t m = 0, n = 0;
+  /// @}
   std::int64_t lda = 0;  ///< 0: tight (m)
+  /// Steps between consecutive elements of x and y; not 0, may be negative.
+  /// @{
   std::int64_t incx = 1, incy = 1;
-  double alpha = 1.0;
-  double beta = 0.0;
+  /// @}
+  double alpha = 1.0;  ///< scales op(A) x
+  double beta = 0.0;   ///< scales y's previous contents; 0: y is only written
 };
 
 namespace detail {
@@ -222,11 +237,14 @@ public:
   /// otherwise.
   static result<blas_actor> create(device dev, blas_options options = {});
 
+  /// The device the actor was created on.
   const device& get_device() const noexcept;
   /// The first lane's stream. With more than one lane, operations may run on
   /// the others' streams too (their buffers are ordered by events).
   const stream& get_stream() const noexcept;
+  /// How operations wait for the GPU (blas_options::how, else the device's default).
   const completion& get_completion() const noexcept;
+  /// Whether f32 operations use TF32 math (blas_options::tf32, set_tf32).
   bool tf32() const noexcept;
   /// Switches TF32 math for later f32 operations (no GPU work): sets it on
   /// every lane's handle (cublasSetMathMode, taking each lane's lock briefly).
@@ -235,6 +253,13 @@ public:
   blas_statistics statistics() const;
 
   // Each yields its output buffer (C or y or x) once the GPU has finished.
+
+  /// C = alpha * op(A) op(B) + beta * C (gemm_params); yields C. f32 in the
+  /// actor's math mode (through cuBLASLt unless blas_options::lt_matmul is
+  /// off), f64, and f16 and bf16 with f32 accumulation. Arguments are
+  /// checked first (shape, leading dimensions, buffer sizes, C not
+  /// overlapping A or B): invalid_argument naming the argument.
+  /// @{
   asio::awaitable<result<gpu_ref<float>>> gemm(gemm_params p, gpu_ref<float> a, gpu_ref<float> b,
                                                gpu_ref<float> c) const;
   asio::awaitable<result<gpu_ref<double>>> gemm(gemm_params p, gpu_ref<double> a, gpu_ref<double> b,
@@ -243,6 +268,7 @@ public:
                                               gpu_ref<half> c) const;
   asio::awaitable<result<gpu_ref<bfloat16>>> gemm(gemm_params p, gpu_ref<bfloat16> a,
                                                   gpu_ref<bfloat16> b, gpu_ref<bfloat16> c) const;
+  /// @}
 
   /// C = epilogue(alpha * op(A) op(B) + beta * C), the epilogue fused into
   /// the matmul kernel (cublasLtMatmul; docs/design.md, "Fused gemm
@@ -252,6 +278,7 @@ public:
   /// (read, not written). Arguments are checked as gemm's, plus the
   /// epilogue and the bias, before any GPU call; not_supported when
   /// cuBLASLt has no algorithm for the shape.
+  /// @{
   asio::awaitable<result<gpu_ref<float>>> gemm_fused(gemm_params p, gemm_epilogue e,
                                                      gpu_ref<float> a, gpu_ref<float> b,
                                                      gpu_ref<float> bias, gpu_ref<float> c) const;
@@ -262,7 +289,13 @@ public:
                                                         gpu_ref<bfloat16> a, gpu_ref<bfloat16> b,
                                                         gpu_ref<bfloat16> bias,
                                                         gpu_ref<bfloat16> c) const;
+  /// @}
 
+  /// gemm over `b.count` matrices at a time (cublasGemmStridedBatchedEx):
+  /// C_i = alpha * op(A_i) op(B_i) + beta * C_i, matrix i of each buffer at
+  /// i times its stride (batch_params); yields C. Element types and checks
+  /// as gemm's, plus the strides (the batches of C may not overlap).
+  /// @{
   asio::awaitable<result<gpu_ref<float>>> gemm_strided_batched(gemm_params p, batch_params b,
                                                                gpu_ref<float> a, gpu_ref<float> bm,
                                                                gpu_ref<float> c) const;
@@ -277,45 +310,66 @@ public:
                                                                   gpu_ref<bfloat16> a,
                                                                   gpu_ref<bfloat16> bm,
                                                                   gpu_ref<bfloat16> c) const;
+  /// @}
 
+  /// y = alpha * op(A) x + beta * y (gemv_params); yields y.
+  /// @{
   asio::awaitable<result<gpu_ref<float>>> gemv(gemv_params p, gpu_ref<float> a, gpu_ref<float> x,
                                                gpu_ref<float> y) const;
   asio::awaitable<result<gpu_ref<double>>> gemv(gemv_params p, gpu_ref<double> a, gpu_ref<double> x,
                                                 gpu_ref<double> y) const;
+  /// @}
 
-  /// y = alpha * x + y over n elements; yields y.
+  /// y = alpha * x + y over n elements, x read every `incx` elements and y
+  /// every `incy` (not 0; may be negative); yields y.
+  /// @{
   asio::awaitable<result<gpu_ref<float>>> axpy(std::int64_t n, double alpha, gpu_ref<float> x,
                                                gpu_ref<float> y, std::int64_t incx = 1,
                                                std::int64_t incy = 1) const;
   asio::awaitable<result<gpu_ref<double>>> axpy(std::int64_t n, double alpha, gpu_ref<double> x,
                                                 gpu_ref<double> y, std::int64_t incx = 1,
                                                 std::int64_t incy = 1) const;
-  /// x = alpha * x over n elements; yields x.
+  /// @}
+  /// x = alpha * x over n elements, every `incx`-th (> 0); yields x.
+  /// @{
   asio::awaitable<result<gpu_ref<float>>> scal(std::int64_t n, double alpha, gpu_ref<float> x,
                                                std::int64_t incx = 1) const;
   asio::awaitable<result<gpu_ref<double>>> scal(std::int64_t n, double alpha, gpu_ref<double> x,
                                                 std::int64_t incx = 1) const;
+  /// @}
 
   // Reductions yield the scalar itself (computed in device pointer mode and
   // copied back by DMA in the same operation: the io thread never blocks).
+
+  /// The dot product of x and y over n elements (increments as axpy's).
+  /// @{
   asio::awaitable<result<float>> dot(std::int64_t n, gpu_ref<float> x, gpu_ref<float> y,
                                      std::int64_t incx = 1, std::int64_t incy = 1) const;
   asio::awaitable<result<double>> dot(std::int64_t n, gpu_ref<double> x, gpu_ref<double> y,
                                       std::int64_t incx = 1, std::int64_t incy = 1) const;
+  /// @}
+  /// The Euclidean norm of n elements of x, every `incx`-th (> 0).
+  /// @{
   asio::awaitable<result<float>> nrm2(std::int64_t n, gpu_ref<float> x,
                                       std::int64_t incx = 1) const;
   asio::awaitable<result<double>> nrm2(std::int64_t n, gpu_ref<double> x,
                                        std::int64_t incx = 1) const;
+  /// @}
+  /// The sum of |x_i| over n elements of x, every `incx`-th (> 0).
+  /// @{
   asio::awaitable<result<float>> asum(std::int64_t n, gpu_ref<float> x,
                                       std::int64_t incx = 1) const;
   asio::awaitable<result<double>> asum(std::int64_t n, gpu_ref<double> x,
                                        std::int64_t incx = 1) const;
+  /// @}
   /// The 0-based index i (element x[i * incx]) of the first largest |x_i|; n >= 1.
   /// (cuBLAS counts from 1; this converts.)
+  /// @{
   asio::awaitable<result<std::int64_t>> iamax(std::int64_t n, gpu_ref<float> x,
                                               std::int64_t incx = 1) const;
   asio::awaitable<result<std::int64_t>> iamax(std::int64_t n, gpu_ref<double> x,
                                               std::int64_t incx = 1) const;
+  /// @}
 
   // ---- Completion tokens (docs/design.md, "Completion tokens") ----
   // Each operation above also takes any Asio completion token as its last
@@ -329,6 +383,10 @@ public:
   // its own copy of this actor. Costs one co_spawn on top of the awaitable.
   // They exist for exactly the element types the awaitables take.
 
+  /// The operation of the same name, completing through an Asio completion
+  /// token with void(result<V>) instead of returning an awaitable (see the
+  /// comment above these overloads).
+  /// @{
   template <element T, result_token<gpu_ref<T>> Token>
   requires requires(const blas_actor& s, gemm_params p, gpu_ref<T> x) { s.gemm(p, x, x, x); }
   auto gemm(gemm_params p, gpu_ref<T> a, gpu_ref<T> b, gpu_ref<T> c, Token&& token) const {
@@ -432,7 +490,9 @@ public:
   auto iamax(std::int64_t n, gpu_ref<T> x, Token&& token) const {
     return iamax(n, std::move(x), 1, std::forward<Token>(token));
   }
+  /// @}
 
+  /// The shared state behind this handle (the library's, for composed units).
   const std::shared_ptr<detail::blas_state>& state() const noexcept { return st_; }
 
 private:
