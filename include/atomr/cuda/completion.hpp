@@ -31,6 +31,7 @@ enum class strategy : std::uint8_t {
   blocking_sync,  ///< cudaEventSynchronize on a device-owned thread, never an io thread
 };
 
+/// The enumerator's name ("event_poll", ...); "unknown" for any other value.
 std::string_view to_string(strategy s) noexcept;
 
 /// No deadline.
@@ -39,6 +40,7 @@ inline constexpr std::chrono::nanoseconds no_timeout = std::chrono::nanoseconds:
 /// A completion strategy with its settings; a plain value, cheap to copy.
 /// A timeout or a cancellation ends only the waiting, never the GPU work.
 struct completion {
+  /// The mechanism (event_poll by default).
   strategy kind = strategy::event_poll;
   /// Longest wait; when it passes the wait yields errc::timeout.
   std::chrono::nanoseconds timeout = no_timeout;
@@ -65,14 +67,24 @@ struct completion {
 result<void> check_completion(const completion& how);
 
 /// Strategy values with the defaults above; e.g. `host_fn{5ms}`.
+/// event_poll: an event recorded after the work, queried from the awaiting
+/// executor (through the device's poll hub) until done. The default.
 struct event_poll : completion {
+  /// With timeout `t` (no_timeout: none) and the default spin settings.
   explicit event_poll(std::chrono::nanoseconds t = no_timeout)
       : completion{strategy::event_poll, t} {}
 };
+/// host_fn: a host function queued on the stream after the work
+/// (cudaLaunchHostFunc); it only posts the completion to the awaiting
+/// executor.
 struct host_fn : completion {
+  /// With timeout `t` (no_timeout: none).
   explicit host_fn(std::chrono::nanoseconds t = no_timeout) : completion{strategy::host_fn, t} {}
 };
+/// blocking_sync: cudaEventSynchronize on a thread of the device (never an
+/// io thread), which then posts the completion to the awaiting executor.
 struct blocking_sync : completion {
+  /// With timeout `t` (no_timeout: none).
   explicit blocking_sync(std::chrono::nanoseconds t = no_timeout)
       : completion{strategy::blocking_sync, t} {}
 };

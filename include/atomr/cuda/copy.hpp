@@ -31,7 +31,9 @@ namespace atomr::cuda {
 /// transfer, just before it (one of the device's pooled streams when there
 /// is none).
 struct transfer_options {
+  /// The stream to run on; empty: the default described above.
   stream on{};
+  /// How to wait; unset: the device's default completion strategy.
   std::optional<completion> how{};
 };
 

@@ -24,6 +24,7 @@ enum class stream_policy : std::uint8_t {
   per_actor_fresh,   ///< a new stream for every request, destroyed with its last handle
 };
 
+/// The enumerator's name ("single", "pooled", ...); "unknown" for any other value.
 std::string_view to_string(stream_policy p) noexcept;
 
 /// A handle to a non-blocking CUDA stream of one device. Copies share the
@@ -32,7 +33,9 @@ std::string_view to_string(stream_policy p) noexcept;
 /// threads, as CUDA streams are.
 class stream {
 public:
+  /// An empty handle (false); streams come from a device (main_stream, acquire_stream).
   stream() = default;
+  /// Wraps the library's state; used by device and the actors, not by users.
   explicit stream(std::shared_ptr<detail::stream_state> st) noexcept : st_(std::move(st)) {}
 
   /// The raw stream; valid while any handle lives.
@@ -41,8 +44,10 @@ public:
   std::uint64_t id() const noexcept;
   /// The device this stream belongs to.
   device get_device() const;
+  /// True unless the handle is empty.
   explicit operator bool() const noexcept { return st_ != nullptr; }
 
+  /// The shared state behind this handle (the library's own use).
   const std::shared_ptr<detail::stream_state>& state() const noexcept { return st_; }
 
 private:

@@ -12,8 +12,8 @@ namespace atomr::cuda {
 
 /// At most `max_restarts` restarts within any `window`; one more means stop.
 struct restart_budget {
-  std::size_t max_restarts = 3;
-  std::chrono::steady_clock::duration window = std::chrono::seconds(60);
+  std::size_t max_restarts = 3;  ///< restarts allowed within one window
+  std::chrono::steady_clock::duration window = std::chrono::seconds(60);  ///< the sliding window
 };
 
 /// Decides, failure by failure, whether a (planned process-isolated) device
@@ -23,13 +23,17 @@ struct restart_budget {
 /// Not thread-safe: one supervisor per device, used from one strand.
 class supervisor {
 public:
-  using clock = std::chrono::steady_clock;
-  using now_fn = std::function<clock::time_point()>;
+  using clock = std::chrono::steady_clock;            ///< the clock restarts are timed on
+  using now_fn = std::function<clock::time_point()>;  ///< where the time comes from
 
+  /// A supervisor with `budget`, reading the time from `now` (tests pass a fake clock).
   explicit supervisor(restart_budget budget = {}, now_fn now = &clock::now)
       : budget_(budget), now_(std::move(now)) {}
 
-  /// The decision for this failure; counts it if it is a restart.
+  /// The decision for this failure: supervise(code), except that a restart
+  /// past the budget (max_restarts already counted within the window)
+  /// becomes decision::stop. Counts it if it is a restart.
+  /// @{
   decision on_failure(const gpu_error& e) { return on_failure(e.code()); }
   decision on_failure(errc code) {
     decision d = supervise(code);
@@ -40,9 +44,11 @@ public:
     restarts_.push_back(t);
     return decision::restart;
   }
+  /// @}
 
   /// Restarts counted in the current window.
   std::size_t recent_restarts() const noexcept { return restarts_.size(); }
+  /// The budget the supervisor was made with.
   const restart_budget& budget() const noexcept { return budget_; }
 
 private:
