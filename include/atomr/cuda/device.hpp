@@ -29,10 +29,10 @@ class pinned_buffer;
 
 /// The CUDA libraries a device lets actors use.
 struct library_set {
-  bool cublas = true;
-  bool cudnn = true;
-  bool cufft = true;
-  bool curand = true;
+  bool cublas = true;  ///< blas_actor
+  bool cudnn = true;   ///< cudnn_actor
+  bool cufft = true;   ///< fft_actor
+  bool curand = true;  ///< rng_actor
 };
 
 /// The isolated device mode (docs/design.md, "Isolated device"): the CUDA
@@ -49,13 +49,13 @@ struct isolation_options {
   restart_budget budget{};
   /// A heartbeat every `heartbeat`; no answer within `heartbeat_timeout`: hung.
   std::chrono::milliseconds heartbeat{100};
-  std::chrono::milliseconds heartbeat_timeout{2000};
+  std::chrono::milliseconds heartbeat_timeout{2000};  ///< see heartbeat
   /// An operation still unanswered `hang_margin` after its own deadline (its
   /// completion timeout; `max_op_time` for one without) is a hang: the
   /// worker is killed and restarted, and every pending operation fails with
   /// timeout. 1 ms to 1 hour each.
   std::chrono::milliseconds hang_margin{2000};
-  std::chrono::milliseconds max_op_time{60000};
+  std::chrono::milliseconds max_op_time{60000};  ///< see hang_margin
   /// From the worker's spawn to its hello (CUDA context creation included);
   /// longer is a failed start. 1 ms to 1 hour.
   std::chrono::milliseconds start_timeout{20000};
@@ -127,43 +127,44 @@ enum class health_state : std::uint8_t {
   restarting,   ///< isolated: a new worker is starting; operations fail at once
 };
 
+/// The enumerator's name ("healthy", ...); "unknown" for any other value.
 std::string_view to_string(health_state h) noexcept;
 
 /// A snapshot of a device's statistics.
 struct device_statistics {
-  std::size_t free_bytes = 0;   ///< cudaMemGetInfo, at the time of the snapshot
-  std::size_t total_bytes = 0;  ///< cudaMemGetInfo
-  std::uint64_t ops_in_flight = 0;
-  std::uint64_t ops_completed = 0;  ///< finished with success
-  std::uint64_t ops_failed = 0;     ///< finished with an error (timeout and cancel included)
-  std::uint64_t faults = 0;         ///< sticky faults seen (0 or 1 per device)
-  std::uint64_t out_of_memory = 0;  ///< out_of_memory errors, from any library
-  std::uint64_t live_buffers = 0;   ///< gpu_ref allocations not yet released
-  std::uint64_t parked = 0;         ///< keep-alives waiting for abandoned GPU work
-  std::uint64_t events_created = 0;
+  std::size_t free_bytes = 0;        ///< cudaMemGetInfo, at the time of the snapshot
+  std::size_t total_bytes = 0;       ///< cudaMemGetInfo
+  std::uint64_t ops_in_flight = 0;   ///< operations started and not yet finished
+  std::uint64_t ops_completed = 0;   ///< finished with success
+  std::uint64_t ops_failed = 0;      ///< finished with an error (timeout and cancel included)
+  std::uint64_t faults = 0;          ///< sticky faults seen (0 or 1 per device)
+  std::uint64_t out_of_memory = 0;   ///< out_of_memory errors, from any library
+  std::uint64_t live_buffers = 0;    ///< gpu_ref allocations not yet released
+  std::uint64_t parked = 0;          ///< keep-alives waiting for abandoned GPU work
+  std::uint64_t events_created = 0;  ///< CUDA events the device's event pool has made
   /// Operations that joined a busy stream's batch instead of launching at
   /// once, and the batches (drains) that launched them: one event each.
   std::uint64_t ops_batched = 0;
-  std::uint64_t batches = 0;
+  std::uint64_t batches = 0;  ///< see ops_batched
   /// Events composed units recorded after their steps: one per run of
   /// consecutive steps on one stream (docs/design.md, "Composed units").
   std::uint64_t unit_events = 0;
   /// Times a launch thread found no work within launch_spin and slept.
   std::uint64_t launch_sleeps = 0;
-  std::size_t pinned_cached_bytes = 0;
+  std::size_t pinned_cached_bytes = 0;  ///< pinned host memory held for reuse
   /// host_fn waits' host functions queued on the GPU and not yet run (each
   /// holds outstanding work of the device's executor until it has run).
   std::size_t host_fns_pending = 0;
-  std::uint64_t generation = 0;
+  std::uint64_t generation = 0;  ///< device::generation()
   /// Isolated devices: worker restarts so far, restarts the budget still
   /// allows in its window, the worker's pid (0: none), operations sent to
   /// it and not answered, and whether the device is isolated at all.
   bool isolated = false;
-  std::uint64_t worker_restarts = 0;
-  std::size_t restarts_left = 0;
-  int worker_pid = 0;
-  std::size_t worker_calls_pending = 0;
-  health_state health = health_state::unavailable;
+  std::uint64_t worker_restarts = 0;                ///< see isolated
+  std::size_t restarts_left = 0;                    ///< see isolated
+  int worker_pid = 0;                               ///< see isolated
+  std::size_t worker_calls_pending = 0;             ///< see isolated
+  health_state health = health_state::unavailable;  ///< device::health()
 };
 
 namespace detail {
@@ -186,7 +187,7 @@ struct pinned_block;
 /// Thread safety: all members may be called from any thread.
 class device {
 public:
-  using executor_type = asio::any_io_executor;
+  using executor_type = asio::any_io_executor;  ///< the executor type devices are opened on
 
   /// Opens the ordinal, or fails with device_unavailable (the CUDA message
   /// included) when there is no usable GPU. Blocks while CUDA initialises
@@ -203,6 +204,7 @@ public:
   /// unavailable. Assign an opened device to use it.
   device() noexcept = default;
 
+  /// Wraps the library's state; used by the library, not by users.
   explicit device(std::shared_ptr<detail::device_impl> impl) noexcept : impl_(std::move(impl)) {}
 
   /// False for an empty handle.
@@ -212,8 +214,10 @@ public:
   executor_type get_executor() const noexcept;
   /// The CUDA ordinal (-1 for an empty handle).
   int ordinal() const noexcept;
+  /// The options the device was first opened with.
   const device_options& options() const noexcept;
 
+  /// The device's health now.
   health_state health() const noexcept;
   /// True while the device takes new work (healthy; isolated: also starting).
   bool accepting() const noexcept;
@@ -243,8 +247,13 @@ public:
   /// Allocates `count` elements from the device's stream-ordered pool
   /// (cudaMallocFromPoolAsync on `on`). The memory is usable at once by work
   /// on any stream; ordering is tracked per buffer. Does not wait.
+  /// Fails with the device's status while it does not accept work,
+  /// invalid_argument for a count of 0 (or too large to count in bytes) or a
+  /// stream of another device, and the classified error of
+  /// cudaMallocFromPoolAsync (out_of_memory when the pool cannot grow).
   template <element T>
   result<gpu_ref<T>> allocate(std::size_t count, const stream& on);
+  /// As allocate(count, on), on the device's main stream.
   template <element T>
   result<gpu_ref<T>> allocate(std::size_t count);
 
@@ -272,6 +281,7 @@ public:
         token, impl_);
   }
 
+  /// The shared state behind this handle (the library's own use).
   const std::shared_ptr<detail::device_impl>& impl() const noexcept { return impl_; }
   friend bool operator==(const device& a, const device& b) noexcept { return a.impl_ == b.impl_; }
 
