@@ -29,8 +29,11 @@ enum class tensor_layout : std::uint8_t { nchw, nhwc };
 
 /// A dense 4-D tensor: a plain value. Every extent must be > 0 and fit in an int.
 struct tensor_shape {
+  /// The extents: images (batch), channels, height, width.
+  /// @{
   std::int64_t n = 1, c = 1, h = 1, w = 1;
-  tensor_layout layout = tensor_layout::nchw;
+  /// @}
+  tensor_layout layout = tensor_layout::nchw;  ///< the memory order
   /// n * c * h * w (no overflow check: use the detail:: checks first).
   std::int64_t elements() const noexcept { return n * c * h * w; }
   friend auto operator<=>(const tensor_shape&, const tensor_shape&) = default;
@@ -41,44 +44,65 @@ struct tensor_shape {
 /// q*stride_w - pad_w + s*dilation_w] * filter[k, c - group start, r, s] (+ bias[k]).
 /// Output size per dimension: (in + 2*pad - ((filter-1)*dilation + 1)) / stride + 1.
 struct conv2d_params {
-  std::int64_t out_channels = 1;                ///< K; divisible by groups
-  std::int64_t filter_h = 1, filter_w = 1;      ///< R, S
-  std::int64_t pad_h = 0, pad_w = 0;            ///< >= 0
-  std::int64_t stride_h = 1, stride_w = 1;      ///< > 0
+  std::int64_t out_channels = 1;  ///< K; divisible by groups
+  /// @{
+  std::int64_t filter_h = 1, filter_w = 1;  ///< R, S
+  /// @}
+  /// @{
+  std::int64_t pad_h = 0, pad_w = 0;  ///< >= 0
+  /// @}
+  /// @{
+  std::int64_t stride_h = 1, stride_w = 1;  ///< > 0
+  /// @}
+  /// @{
   std::int64_t dilation_h = 1, dilation_w = 1;  ///< > 0
+  /// @}
   std::int64_t groups = 1;  ///< > 0; divides C and K; the filter holds C/groups channels
   friend auto operator<=>(const conv2d_params&, const conv2d_params&) = default;
 };
 
+/// The function activation_forward applies: max(x, 0), 1 / (1 + e^-x),
+/// tanh(x), elu (x, or coef * (e^x - 1) below 0), clipped_relu
+/// (min(max(x, 0), coef)).
 enum class activation_mode : std::uint8_t { relu, sigmoid, tanh, elu, clipped_relu };
 
 /// `coef`: alpha of elu (> 0), ceiling of clipped_relu (> 0); ignored otherwise.
 struct activation_params {
-  activation_mode mode = activation_mode::relu;
-  double coef = 0.0;
+  activation_mode mode = activation_mode::relu;  ///< the function
+  double coef = 0.0;                             ///< see above
 };
 
 /// accurate: exp(x - max) / sum; log: the log of that. Always over the channels
 /// (for each n, h, w), as CUDNN_SOFTMAX_MODE_CHANNEL.
 enum class softmax_algorithm : std::uint8_t { accurate, log };
 
+/// What a pooling window yields: its largest element, or its average.
 enum class pooling_mode : std::uint8_t {
-  max,
+  max,                      ///< the largest element of the window
   average_include_padding,  ///< padded zeros count in the divisor
   average_exclude_padding,  ///< only real elements count
 };
 
 /// Output size per dimension: (in + 2*pad - window) / stride + 1. pad < window.
 struct pooling_params {
-  pooling_mode mode = pooling_mode::max;
+  pooling_mode mode = pooling_mode::max;  ///< max or average
+  /// @{
   std::int64_t window_h = 2, window_w = 2;  ///< > 0
-  std::int64_t pad_h = 0, pad_w = 0;        ///< >= 0 and < the window
+  /// @}
+  /// @{
+  std::int64_t pad_h = 0, pad_w = 0;  ///< >= 0 and < the window
+  /// @}
+  /// @{
   std::int64_t stride_h = 2, stride_w = 2;  ///< > 0
+  /// @}
 };
 
+/// The enumerator's name ("nchw", "relu", "max", ...); "unknown" for any other value.
+/// @{
 std::string_view to_string(tensor_layout l) noexcept;
 std::string_view to_string(activation_mode m) noexcept;
 std::string_view to_string(pooling_mode m) noexcept;
+/// @}
 
 /// Which cuDNN API runs convolutions (docs/design.md, "cuDNN convolutions").
 enum class conv_api : std::uint8_t {
@@ -90,6 +114,7 @@ enum class conv_api : std::uint8_t {
   legacy,
 };
 
+/// The enumerator's name ("graph", "legacy"); "unknown" for any other value.
 std::string_view to_string(conv_api a) noexcept;
 
 /// How a cudnn_actor is created.
@@ -124,9 +149,9 @@ struct cudnn_options {
 
 /// A snapshot of an actor's algorithm caches and workspaces, summed over its lanes.
 struct cudnn_statistics {
-  std::uint64_t algo_hits = 0;    ///< convolutions that found their algorithm cached
-  std::uint64_t algo_misses = 0;  ///< convolutions that ran the heuristics
-  std::size_t algos_cached = 0;
+  std::uint64_t algo_hits = 0;        ///< convolutions that found their algorithm cached
+  std::uint64_t algo_misses = 0;      ///< convolutions that ran the heuristics
+  std::size_t algos_cached = 0;       ///< convolution algorithm choices held now
   std::size_t workspace_bytes = 0;    ///< size of the workspace owned now
   std::uint64_t workspace_grows = 0;  ///< times a larger workspace was allocated
   std::uint64_t graph_plans = 0;      ///< convolution plans built on the graph API
@@ -234,6 +259,7 @@ public:
   /// y = conv2d(x, filter) (+ bias[k] when `bias` is not empty). x has
   /// x_shape; filter K x C/groups x R x S (KCRS for nchw, KRSC for nhwc); bias K
   /// elements; y exactly n x K x P x Q in x's layout. Yields `y`.
+  /// @{
   asio::awaitable<result<gpu_ref<float>>> conv2d_forward(tensor_shape x_shape, conv2d_params p,
                                                          gpu_ref<float> x, gpu_ref<float> filter,
                                                          gpu_ref<float> bias,
@@ -241,35 +267,44 @@ public:
   asio::awaitable<result<gpu_ref<half>>> conv2d_forward(tensor_shape x_shape, conv2d_params p,
                                                         gpu_ref<half> x, gpu_ref<half> filter,
                                                         gpu_ref<half> bias, gpu_ref<half> y) const;
+  /// @}
 
   /// y = f(x), elementwise; x and y both have `shape` (y may be x itself).
+  /// @{
   asio::awaitable<result<gpu_ref<float>>> activation_forward(tensor_shape shape,
                                                              activation_params p, gpu_ref<float> x,
                                                              gpu_ref<float> y) const;
   asio::awaitable<result<gpu_ref<half>>> activation_forward(tensor_shape shape, activation_params p,
                                                             gpu_ref<half> x, gpu_ref<half> y) const;
+  /// @}
 
   /// Softmax over the channels for each (n, h, w); y has `shape`, out of place.
+  /// @{
   asio::awaitable<result<gpu_ref<float>>> softmax_forward(tensor_shape shape, softmax_algorithm a,
                                                           gpu_ref<float> x, gpu_ref<float> y) const;
   asio::awaitable<result<gpu_ref<half>>> softmax_forward(tensor_shape shape, softmax_algorithm a,
                                                          gpu_ref<half> x, gpu_ref<half> y) const;
+  /// @}
 
   /// 2-D pooling; y exactly n x c x P x Q in x's layout. Out of place.
+  /// @{
   asio::awaitable<result<gpu_ref<float>>> pooling_forward(tensor_shape x_shape, pooling_params p,
                                                           gpu_ref<float> x, gpu_ref<float> y) const;
   asio::awaitable<result<gpu_ref<half>>> pooling_forward(tensor_shape x_shape, pooling_params p,
                                                          gpu_ref<half> x, gpu_ref<half> y) const;
+  /// @}
 
   /// y = scale[c] * (x - mean[c]) / sqrt(var[c] + epsilon) + bias[c] (spatial
   /// batch norm, inference). scale, bias, mean, var: C floats each (also for
   /// half data, as cuDNN requires). y has `shape`, out of place.
+  /// @{
   asio::awaitable<result<gpu_ref<float>>> batchnorm_inference(
       tensor_shape shape, double epsilon, gpu_ref<float> x, gpu_ref<float> scale,
       gpu_ref<float> bias, gpu_ref<float> mean, gpu_ref<float> var, gpu_ref<float> y) const;
   asio::awaitable<result<gpu_ref<half>>> batchnorm_inference(
       tensor_shape shape, double epsilon, gpu_ref<half> x, gpu_ref<float> scale,
       gpu_ref<float> bias, gpu_ref<float> mean, gpu_ref<float> var, gpu_ref<half> y) const;
+  /// @}
 
   // ---- Completion tokens (docs/design.md, "Completion tokens") ----
   // Each operation above also takes any Asio completion token as its last
@@ -281,6 +316,10 @@ public:
   // one co_spawn on top of the awaitable. They exist for exactly the element
   // types the awaitables take.
 
+  /// The operation of the same name, completing through an Asio completion
+  /// token with void(result<gpu_ref<T>>) instead of returning an awaitable
+  /// (see the comment above these overloads).
+  /// @{
   template <element T, result_token<gpu_ref<T>> Token>
   requires requires(const cudnn_actor& s, tensor_shape sh, conv2d_params p, gpu_ref<T> x) {
     s.conv2d_forward(sh, p, x, x, x, x);
@@ -332,16 +371,19 @@ public:
       return s.batchnorm_inference(shape, epsilon, x, scale, bias, mean, var, y);
     });
   }
+  /// @}
 
   /// Algorithm cache and workspace counts, summed over the lanes. Takes each
   /// lane's lock briefly; no GPU call.
   cudnn_statistics statistics() const;
 
+  /// The device the actor was created on.
   const device& get_device() const noexcept;
   /// The first lane's stream. With more than one lane, operations may run on
   /// the others' streams too (their buffers are ordered by events).
   const stream& get_stream() const noexcept;
 
+  /// Wraps the library's state; create() is how users make an actor.
   explicit cudnn_actor(std::shared_ptr<detail::cudnn_state> st) noexcept : st_(std::move(st)) {}
 
 private:
