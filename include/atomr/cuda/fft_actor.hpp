@@ -33,6 +33,7 @@ enum class fft_direction : std::uint8_t {
   inverse,  ///< CUFFT_INVERSE
 };
 
+/// The enumerator's name ("forward", "inverse"); "unknown" for any other value.
 std::string_view to_string(fft_direction d) noexcept;
 
 /// The transform: a plain value, so that it can cross a process boundary.
@@ -84,9 +85,9 @@ struct fft_statistics {
   std::uint64_t plan_hits = 0;       ///< executions that found their plan cached
   std::uint64_t plan_misses = 0;     ///< executions that had to create a plan
   std::uint64_t plan_evictions = 0;  ///< plans dropped from the cache (LRU)
-  std::size_t plans_cached = 0;
-  std::size_t plan_cache_size = 0;  ///< the bound, per lane
-  std::size_t lanes = 0;            ///< lanes made so far (fft_options::max_lanes)
+  std::size_t plans_cached = 0;      ///< plans held now, all lanes
+  std::size_t plan_cache_size = 0;   ///< the bound, per lane
+  std::size_t lanes = 0;             ///< lanes made so far (fft_options::max_lanes)
 };
 
 namespace detail {
@@ -180,8 +181,8 @@ struct fft_state;
 /// on io_contexts run by several threads. Parameters are plain values.
 class fft_actor {
 public:
-  using c32 = std::complex<float>;
-  using c64 = std::complex<double>;
+  using c32 = std::complex<float>;   ///< a single-precision complex element
+  using c64 = std::complex<double>;  ///< a double-precision complex element
 
   /// An actor on `dev`: acquires its first lane's stream (no other GPU call;
   /// plans are made on first use). invalid_argument for bad options (before
@@ -221,6 +222,10 @@ public:
   // one co_spawn on top of the awaitable. They exist for exactly the element
   // types the awaitables take.
 
+  /// The transform of the same name, completing through an Asio completion
+  /// token with void(result<gpu_ref<Out>>) instead of returning an awaitable
+  /// (see the comment above these overloads).
+  /// @{
   template <element T, result_token<gpu_ref<T>> Token>
   requires requires(const fft_actor& s, fft_shape sh, gpu_ref<T> x) { s.c2c(sh, x, x); }
   auto c2c(fft_shape shape, gpu_ref<T> in, gpu_ref<T> out, Token&& token) const {
@@ -243,6 +248,7 @@ public:
     return detail::async_actor_op(*this, std::forward<Token>(token),
                                   [=](const fft_actor& s) { return s.c2r(shape, in, out); });
   }
+  /// @}
 
   /// Plan cache counts, summed over the lanes. Takes each lane's lock
   /// briefly; no GPU call.
@@ -251,11 +257,13 @@ public:
   /// exec ended).
   void clear_plans() const;
 
+  /// The device the actor was created on.
   const device& get_device() const noexcept;
   /// The first lane's stream. With more than one lane, transforms may run
   /// on the others' streams too (their buffers are ordered by events).
   const stream& get_stream() const noexcept;
 
+  /// Wraps the library's state; create() is how users make an actor.
   explicit fft_actor(std::shared_ptr<detail::fft_state> st) noexcept : st_(std::move(st)) {}
 
 private:
