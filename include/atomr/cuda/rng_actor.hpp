@@ -31,11 +31,12 @@ enum class rng_kind : std::uint8_t {
   scrambled_sobol64,  ///< CURAND_RNG_QUASI_SCRAMBLED_SOBOL64 (raw values are 64-bit)
 };
 
+/// The enumerator's name ("philox4_32_10", ...); "unknown" for any other value.
 std::string_view to_string(rng_kind k) noexcept;
 
 /// Settings of one rng_actor, fixed at create() (seed and offset may change later).
 struct rng_options {
-  rng_kind kind = rng_kind::philox4_32_10;
+  rng_kind kind = rng_kind::philox4_32_10;  ///< the generator
   /// Pseudo-random generators only; unset means cuRAND's default seed (0).
   /// A quasi-random generator takes no seed: setting one is invalid_argument.
   std::optional<std::uint64_t> seed{};
@@ -172,20 +173,26 @@ public:
   static result<rng_actor> create(device dev, rng_options options = {});
 
   /// Uniform in (0, 1] (cuRAND excludes 0 and includes 1).
+  /// @{
   asio::awaitable<result<gpu_ref<float>>> uniform(gpu_ref<float> out) const;
   asio::awaitable<result<gpu_ref<double>>> uniform(gpu_ref<double> out) const;
+  /// @}
 
   /// Normal(mean, stddev). Pseudo-random generators need an even out.size().
+  /// @{
   asio::awaitable<result<gpu_ref<float>>> normal(gpu_ref<float> out, float mean = 0.0f,
                                                  float stddev = 1.0f) const;
   asio::awaitable<result<gpu_ref<double>>> normal(gpu_ref<double> out, double mean = 0.0,
                                                   double stddev = 1.0) const;
+  /// @}
 
   /// exp(Normal(mean, stddev)). Pseudo-random generators need an even out.size().
+  /// @{
   asio::awaitable<result<gpu_ref<float>>> log_normal(gpu_ref<float> out, float mean = 0.0f,
                                                      float stddev = 1.0f) const;
   asio::awaitable<result<gpu_ref<double>>> log_normal(gpu_ref<double> out, double mean = 0.0,
                                                       double stddev = 1.0) const;
+  /// @}
 
   /// Poisson(lambda), 0 < lambda <= 400000.
   asio::awaitable<result<gpu_ref<std::uint32_t>>> poisson(gpu_ref<std::uint32_t> out,
@@ -207,6 +214,10 @@ public:
   // copy of this actor. Costs one co_spawn on top of the awaitable. They
   // exist for exactly the element types the awaitables take.
 
+  /// The operation of the same name, completing through an Asio completion
+  /// token with void(result<gpu_ref<T>>) instead of returning an awaitable
+  /// (see the comment above these overloads).
+  /// @{
   template <element T, result_token<gpu_ref<T>> Token>
   requires requires(const rng_actor& s, gpu_ref<T> x) { s.uniform(x); }
   auto uniform(gpu_ref<T> out, Token&& token) const {
@@ -249,6 +260,7 @@ public:
     return detail::async_actor_op(*this, std::forward<Token>(token),
                                   [=](const rng_actor& s) { return s.raw(out); });
   }
+  /// @}
 
   /// Sets the seed (pseudo-random generators only) and restarts the sequence
   /// at offset 0, so that the same seed gives the same numbers again. Takes
@@ -266,12 +278,16 @@ public:
   /// The lane count and repositions; no GPU call (each lane's lock, briefly).
   rng_statistics statistics() const;
 
+  /// The generator (rng_options::kind).
   rng_kind kind() const noexcept;
+  /// The quasi-random dimensions (rng_options::dimensions; 1 for pseudo-random).
   unsigned dimensions() const noexcept;
+  /// The device the actor was created on.
   const device& get_device() const noexcept;
   /// The first lane's stream. With more than one lane, operations may run on
   /// the others' streams too (their buffers are ordered by events).
   const stream& get_stream() const noexcept;
+  /// How operations wait for the GPU (rng_options::how, else the device's default).
   const completion& how() const noexcept;
 
 private:
