@@ -12,8 +12,8 @@
 
 namespace atomr::cuda {
 
-using half = __half;
-using bfloat16 = __nv_bfloat16;
+using half = __half;             ///< IEEE half precision (CUDA's __half), element type f16
+using bfloat16 = __nv_bfloat16;  ///< bfloat16 (CUDA's __nv_bfloat16), element type bf16
 
 /// Runtime tag of an element type, for checks in library actors.
 enum class dtype : std::uint8_t {
@@ -31,6 +31,7 @@ enum class dtype : std::uint8_t {
   u64,
 };
 
+/// The enumerator's name ("f32", ...); "unknown" for any other value.
 std::string_view to_string(dtype t) noexcept;
 
 namespace detail {

@@ -47,14 +47,19 @@ std::string_view to_string(errc code) noexcept;
 class gpu_error {
 public:
   gpu_error() = default;
+  /// An error with these parts. `library` must outlive every copy (the
+  /// library passes string literals); make_error() and classify() are the
+  /// usual ways to make one.
   gpu_error(errc code, std::string_view library, int native_status, std::string message)
       : code_(code), library_(library), native_(native_status), message_(std::move(message)) {}
 
+  /// What went wrong (errc): what callers and supervise() decide on.
   errc code() const noexcept { return code_; }
   /// "cuda", "cublas", "cudnn", "cufft", "curand" or "atomr" (checks done by this library).
   std::string_view library() const noexcept { return library_; }
   /// The library's status number (cudaError_t, cublasStatus_t, ...); 0 for our own checks.
   int native_status() const noexcept { return native_; }
+  /// Readable text, e.g. "cublas: cublasSgemm failed: CUBLAS_STATUS_... (n): ...".
   const std::string& message() const noexcept { return message_; }
 
   /// A copy whose library tag is `library` and whose message says so, unless
@@ -70,12 +75,15 @@ private:
   std::string message_;
 };
 
+/// Writes "[library:native_status] code: message".
 std::ostream& operator<<(std::ostream& os, const gpu_error& e);
 
 /// Thrown by result<T>::value() when it holds an error; what() is the error's message.
 class gpu_exception : public std::runtime_error {
 public:
+  /// Carries `e`; what() is its message.
   explicit gpu_exception(gpu_error e) : std::runtime_error(e.message()), error_(std::move(e)) {}
+  /// The error that was accessed as a value.
   const gpu_error& error() const noexcept { return error_; }
 
 private:
@@ -111,18 +119,25 @@ using result = outcome::basic_result<T, gpu_error, detail::throw_gpu_error>;
 /// A failure detected by this library before any GPU call.
 gpu_error make_error(errc code, std::string message);
 
-// Classification: one function per library status type. `context` names the
-// call that failed (e.g. "cudaMemcpyAsync") and goes into the message.
+/// Classification: one function per library status type. `context` names the
+/// call that failed (e.g. "cudaMemcpyAsync") and goes into the message. The
+/// error carries the library's tag and the status number; sticky CUDA errors
+/// are context_poisoned, allocation failures out_of_memory (docs/design.md,
+/// "Errors").
+/// @{
 gpu_error classify(cudaError_t status, std::string_view context = {});
 gpu_error classify(cublasStatus_t status, std::string_view context = {});
 gpu_error classify(cufftResult status, std::string_view context = {});
 gpu_error classify(curandStatus_t status, std::string_view context = {});
+/// @}
 
 /// The code alone, for tests and for deciding without building a message.
+/// @{
 errc classify_code(cudaError_t status) noexcept;
 errc classify_code(cublasStatus_t status) noexcept;
 errc classify_code(cufftResult status) noexcept;
 errc classify_code(curandStatus_t status) noexcept;
+/// @}
 
 /// True for CUDA errors after which the context is unusable for the process.
 bool is_sticky(cudaError_t status) noexcept;
@@ -134,6 +149,7 @@ enum class decision : std::uint8_t {
   stop,      ///< the device cannot serve; stop using it
   escalate,  ///< beyond this supervisor: hand to the caller's policy
 };
+/// The enumerator's name ("resume", ...); "unknown" for any other value.
 std::string_view to_string(decision d) noexcept;
 
 /// The default supervision decision for a code.
