@@ -23,22 +23,30 @@ namespace atomr::cuda {
 template <element T>
 class gpu_ref {
 public:
-  using value_type = T;
+  using value_type = T;  ///< the element type
 
+  /// An empty ref (no allocation, size 0); device::allocate makes real ones.
   gpu_ref() = default;
+  /// A view of `count` elements from `offset` of the library's buffer state;
+  /// used by device::allocate and subspan, not by users.
   gpu_ref(std::shared_ptr<detail::buffer_state> st, std::size_t offset, std::size_t count) noexcept
       : st_(std::move(st)), offset_(offset), count_(count) {}
 
+  /// The number of elements in this view.
   std::size_t size() const noexcept { return count_; }
+  /// size() * sizeof(T).
   std::size_t size_bytes() const noexcept { return count_ * sizeof(T); }
+  /// True for a view of no elements (an empty ref included).
   bool empty() const noexcept { return count_ == 0; }
   /// Offset of this view, in elements, from the start of the allocation.
   std::size_t offset() const noexcept { return offset_; }
 
   /// The generation the allocation was made in (0 for an empty ref).
   std::uint64_t generation() const noexcept { return st_ ? st_->generation : 0; }
-  /// Success if usable now; stale_ref otherwise. Never touches the GPU.
+  /// Success if usable now; stale_ref otherwise (invalid_argument for an
+  /// empty ref). Never touches the GPU.
   result<void> check() const { return detail::check_buffer(st_.get(), dtype_of<T>); }
+  /// True when check() fails (a stale or an empty ref).
   bool stale() const noexcept { return !check(); }
 
   /// The elements [offset, offset + count) of this view; invalid_argument if out of range.
@@ -62,6 +70,7 @@ public:
     return static_cast<T*>(st_->ptr) + offset_;
   }
 
+  /// The shared buffer state behind this view (the library's own use).
   const std::shared_ptr<detail::buffer_state>& state() const noexcept { return st_; }
 
 private:

@@ -34,16 +34,25 @@ struct pinned_block {
 template <element T>
 class pinned_buffer {
 public:
+  /// An empty buffer (no memory); device::allocate_pinned makes real ones.
   pinned_buffer() = default;
+  /// `count` elements of the library's pinned block; used by
+  /// device::allocate_pinned, not by users.
   pinned_buffer(std::shared_ptr<detail::pinned_block> b, std::size_t count) noexcept
       : block_(std::move(b)), count_(count) {}
 
+  /// The first element (null for an empty buffer).
   T* data() const noexcept { return block_ ? static_cast<T*>(block_->data) : nullptr; }
+  /// The number of elements.
   std::size_t size() const noexcept { return count_; }
+  /// size() * sizeof(T).
   std::size_t size_bytes() const noexcept { return count_ * sizeof(T); }
+  /// The elements as a span.
   std::span<T> span() const noexcept { return {data(), count_}; }
+  /// Element `i`, unchecked.
   T& operator[](std::size_t i) const noexcept { return data()[i]; }
 
+  /// The shared block behind this buffer (the library's own use).
   const std::shared_ptr<detail::pinned_block>& block() const noexcept { return block_; }
 
 private:
