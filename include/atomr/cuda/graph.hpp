@@ -45,8 +45,10 @@ class recorded_unit {
 public:
   /// An empty handle: replay() yields invalid_argument.
   recorded_unit() noexcept = default;
+  /// Wraps the library's graph state; record() is how users make one.
   explicit recorded_unit(std::shared_ptr<detail::graph_state> st) noexcept : st_(std::move(st)) {}
 
+  /// False for an empty handle.
   explicit operator bool() const noexcept { return st_ != nullptr; }
   /// The operations recorded (record()'s steps).
   std::size_t steps() const noexcept;
@@ -58,6 +60,7 @@ public:
   /// Replays launched so far.
   std::uint64_t replays() const noexcept;
 
+  /// The shared graph state behind this handle (the library's own use).
   const std::shared_ptr<detail::graph_state>& state() const noexcept { return st_; }
 
 private:
@@ -130,6 +133,8 @@ asio::any_io_executor replay_executor(const recorded_unit& unit);
 
 /// replay() through any Asio completion token: completes with
 /// void(result<void>) (async.hpp; one co_spawn on top of the awaitable).
+/// Without `how`: the device's default completion strategy.
+/// @{
 template <result_token<void> Token>
 auto replay(recorded_unit unit, completion how, Token&& token) {
   auto ex = unit ? replay_executor(unit) : asio::any_io_executor{};
@@ -140,6 +145,7 @@ auto replay(recorded_unit unit, Token&& token) {
   auto ex = unit ? replay_executor(unit) : asio::any_io_executor{};
   return async_from(std::move(ex), replay(std::move(unit)), std::forward<Token>(token));
 }
+/// @}
 
 /// A snapshot of a graph_cache's counters.
 struct graph_cache_statistics {
@@ -171,8 +177,11 @@ public:
   /// Stores `unit` under `key` (replacing one there), dropping the least
   /// recently used unit when full. An empty handle erases the key.
   void insert(std::uint64_t key, recorded_unit unit);
+  /// Drops the unit under `key`, if any.
   void erase(std::uint64_t key);
+  /// Drops every unit.
   void clear();
+  /// The counters now.
   graph_cache_statistics statistics() const;
 
   /// Replays the unit under `key`; when there is none, first records one with
