@@ -75,6 +75,8 @@ private:
 /// Not thread-safe: used by one enqueue call.
 class launch {
 public:
+  /// A launch on `s` whose errors are tagged with `library` ("cuda",
+  /// "cublas", ...); run_kernel makes it, not users.
   launch(stream s, std::string_view library) : stream_(std::move(s)), library_(library) {}
   /// A launch inside a recording (graph.hpp): `s` is the recording's stream,
   /// which is being captured, so what the enqueue puts on it is recorded, not run.
@@ -84,8 +86,11 @@ public:
   launch& operator=(const launch&) = delete;
   ~launch();
 
+  /// The raw stream to enqueue on.
   cudaStream_t native_stream() const noexcept { return stream_.native_handle(); }
+  /// The stream to enqueue on.
   const stream& get_stream() const noexcept { return stream_; }
+  /// The library tag errors of this launch carry.
   std::string_view library() const noexcept { return library_; }
   /// True when this launch is recorded into a CUDA graph rather than run
   /// (record(), graph.hpp): native_stream() is then the recording's stream,
@@ -130,6 +135,7 @@ public:
   /// Finishes the accounting with `r`; tags an error with the library, counts
   /// it, probes the context after driver/library failures, poisons on sticky faults.
   gpu_error fail(gpu_error e);
+  /// Finishes the accounting of a successful operation (counted completed).
   void succeed();
   /// Hands `keep_alive` to the device until `done` completes.
   void park(std::shared_ptr<detail::pooled_event> done, std::shared_ptr<void> keep_alive);
