@@ -1,23 +1,40 @@
 // compose(): several operations of several actors and streams as one unit,
 // awaited once (issue 19, "Composition").
+#include "../lib/device_impl.hpp"
 #include "gpu_fixture.hpp"
 #include "test_kernels.hpp"
 
 #include <atomr/cuda.hpp>
 
 #include <boost/asio/bind_cancellation_slot.hpp>
+#include <boost/asio/bind_executor.hpp>
 #include <boost/asio/cancellation_signal.hpp>
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/detached.hpp>
+#include <boost/asio/experimental/awaitable_operators.hpp>
+#include <boost/asio/post.hpp>
+#include <boost/asio/redirect_error.hpp>
 #include <boost/asio/steady_timer.hpp>
+#include <boost/asio/strand.hpp>
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <array>
+#include <atomic>
+#include <bit>
 #include <chrono>
 #include <cmath>
 #include <cstdint>
+#include <exception>
+#include <memory>
+#include <mutex>
+#include <numeric>
 #include <optional>
+#include <random>
 #include <string>
+#include <thread>
+#include <tuple>
+#include <variant>
 #include <vector>
 
 using namespace atomr::cuda;
@@ -344,3 +361,461 @@ TEST_CASE_FIXTURE(compose_fixture,
   CHECK(all_nan(download_floats(x)));
   CHECK(all_nan(download_floats(y)));
 }
+
+#if ATOMR_CUDA_HAS_CUDNN
+namespace {
+
+/// Failures seen on io threads; doctest's macros stay on the test's thread.
+class stress_failures {
+public:
+  void add(std::string what) {
+    std::lock_guard lk(mu_);
+    if (count_++ == 0) first_ = std::move(what);
+  }
+  std::size_t count() const {
+    std::lock_guard lk(mu_);
+    return count_;
+  }
+  std::string first() const {
+    std::lock_guard lk(mu_);
+    return first_;
+  }
+
+private:
+  mutable std::mutex mu_;
+  std::size_t count_ = 0;
+  std::string first_;
+};
+
+std::string describe(std::exception_ptr e) {
+  try {
+    std::rethrow_exception(e);
+  } catch (const std::exception& x) {
+    return std::string("exception: ") + x.what();
+  } catch (...) {
+  }
+  return "an exception of unknown type";
+}
+
+/// One request size of the stress: the weights W (host, and device-resident),
+/// a few inputs B_j and, for each, B_j * W and |B_j| * |W| in double
+/// (column-major n x n). A request's input is B_j with its rows permuted, so
+/// its reference is the same permutation of B_j * W (the same sums, exactly),
+/// and no two units in flight are likely to share an input.
+struct stress_size {
+  int n = 0;
+  std::vector<float> w_host;
+  gpu_ref<float> w;
+  std::vector<std::vector<float>> inputs;
+  std::vector<std::vector<double>> product, magnitude;
+};
+
+stress_size make_stress_size(int n, std::size_t inputs, std::uint64_t seed) {
+  stress_size s;
+  s.n = n;
+  const auto un = static_cast<std::size_t>(n);
+  s.w_host = random_floats(un * un, seed);
+  for (std::size_t j = 0; j < inputs; ++j) {
+    s.inputs.push_back(random_floats(un * un, seed + 1 + j));
+    const auto& a = s.inputs.back();
+    std::vector<double> p(un * un, 0.0), m(un * un, 0.0);
+    for (std::size_t c = 0; c < un; ++c)
+      for (std::size_t k = 0; k < un; ++k) {
+        const double wk = s.w_host[c * un + k];
+        for (std::size_t r = 0; r < un; ++r) {
+          const double t = static_cast<double>(a[k * un + r]) * wk;
+          p[c * un + r] += t;
+          m[c * un + r] += std::fabs(t);
+        }
+      }
+    s.product.push_back(std::move(p));
+    s.magnitude.push_back(std::move(m));
+  }
+  return s;
+}
+
+using unit_value = std::tuple<gpu_ref<float>, gpu_ref<float>, gpu_ref<float>, std::monostate>;
+using unit_result = result<unit_value>;
+
+/// How a unit of the stress may end: plain (no cancellation: must succeed),
+/// deadline (the unit's completion timeout), race (awaitable operators
+/// against a timer), signal (a cancellation signal on a completion token).
+enum class unit_mode : int { plain, deadline, race, signal };
+constexpr int unit_modes = 4;
+
+struct stress_run {
+  stress_run(const device& d, const std::vector<stress_size>& sz, int per_client)
+      : dev(d),
+        blas(blas_actor::create(d).value()),
+        dnn(cudnn_actor::create(d).value()),
+        sizes(&sz),
+        units(per_client) {}
+  device dev;
+  blas_actor blas;
+  cudnn_actor dnn;
+  const std::vector<stress_size>* sizes;
+  int units;  // per client
+  stress_failures fail;
+  std::atomic<std::uint64_t> requests_left{0};
+  std::atomic<std::uint64_t> succeeded{0}, cancelled{0}, timed_out{0};
+  /// Cancelled through the token before the unit's coroutine started (no
+  /// step ran); stopped between two steps (only the steps before ran);
+  /// cancellations that arrived after the unit had succeeded.
+  std::atomic<std::uint64_t> never_started{0}, between_steps{0}, cancel_too_late{0};
+  /// Steps of the failed units that were enqueued: each counts as one
+  /// failed operation in the device's statistics.
+  std::atomic<std::uint64_t> steps_failed{0};
+  std::array<std::atomic<std::uint64_t>, unit_modes> ok_by_mode{}, failed_by_mode{};
+};
+
+struct unit_buffers {
+  gpu_ref<float> x, y, z;  // the upload's target, gemm's output, relu's output
+};
+
+/// The issue's request as one unit: pageable upload of `a` into x, y = x * W
+/// (W on the device), z = relu(y), pageable download of z into `out`.
+asio::awaitable<unit_result> make_unit(const stress_run& s, const completion& how,
+                                       const stress_size& sz, const std::vector<float>& a,
+                                       const unit_buffers& b, std::vector<float>& out) {
+  const int n = sz.n;
+  return compose(s.dev, how, upload(a, b.x), s.blas.gemm(gpu_fixture::square(n), b.x, sz.w, b.y),
+                 s.dnn.activation_forward(tensor_shape{.n = 1, .c = 1, .h = n, .w = n},
+                                          activation_params{}, b.y, b.z),
+                 download(b.z, out));
+}
+
+asio::awaitable<void> store_unit(asio::awaitable<unit_result> unit,
+                                 std::optional<unit_result>* got) {
+  got->emplace(co_await std::move(unit));
+}
+
+/// Awaits `unit` through a completion token (async_from) whose handler is
+/// bound to a cancellation signal and to `unit_strand`, not to the calling
+/// coroutine's strand: the unit's coroutine then starts on a later turn of
+/// `unit_strand`. A timer on the caller's strand emits a terminal
+/// cancellation after `delay`: it may come before the unit started (the
+/// token answers cancelled, no step runs), while it waits, or after it ended
+/// (nothing happens). `*too_late`: the emission came after the handler ran.
+asio::awaitable<unit_result> via_signal(const stress_run& s, asio::any_io_executor unit_strand,
+                                        asio::awaitable<unit_result> unit,
+                                        std::chrono::nanoseconds delay, bool* too_late) {
+  const auto ex = co_await asio::this_coro::executor;  // the request's strand
+  // Touched only on `ex`. Shared: the emitter may fire after this coroutine
+  // has gone on, and the token's handler runs on unit_strand.
+  struct shared {
+    explicit shared(const asio::any_io_executor& e)
+        : woken(e, asio::steady_timer::time_point::max()) {}
+    asio::cancellation_signal sig;
+    std::optional<unit_result> got;
+    bool emitted = false, emitted_after = false;
+    asio::steady_timer woken;
+  };
+  auto st = std::make_shared<shared>(ex);
+  auto fire = std::make_shared<asio::steady_timer>(ex, delay);
+  fire->async_wait([st, fire](boost::system::error_code ec) {
+    if (ec) return;
+    st->emitted = true;
+    st->emitted_after = st->got.has_value();
+    st->sig.emit(asio::cancellation_type::terminal);
+  });
+  async_from(s.dev.get_executor(), std::move(unit),
+             asio::bind_cancellation_slot(
+                 st->sig.slot(), asio::bind_executor(unit_strand, [st, ex](unit_result r) mutable {
+                   asio::post(ex, [st = std::move(st), r = std::move(r)]() mutable {
+                     st->got.emplace(std::move(r));
+                     st->woken.cancel();
+                   });
+                 })));
+  while (!st->got) {
+    boost::system::error_code ec;
+    co_await st->woken.async_wait(asio::redirect_error(asio::use_awaitable, ec));
+  }
+  // Not emitted yet: it will come after the handler (too late), if at all.
+  *too_late = !st->emitted || st->emitted_after;
+  co_return std::move(*st->got);
+}
+
+std::chrono::nanoseconds random_delay(std::mt19937_64& rng, int zero_in) {
+  if (rng() % static_cast<std::uint64_t>(zero_in) == 0) return std::chrono::nanoseconds{0};
+  // Log-uniform between 1 us and 2 ms: before the GPU ran the unit, while it
+  // ran, and after it finished.
+  std::uniform_real_distribution<double> d(std::log(1e3), std::log(2e6));
+  return std::chrono::nanoseconds{static_cast<std::int64_t>(std::exp(d(rng)))};
+}
+
+completion random_strategy(std::mt19937_64& rng) {
+  switch (rng() % 4) {
+    case 0:
+      return host_fn{};
+    case 1:
+      return blocking_sync{};
+    default:
+      return event_poll{};
+  }
+}
+
+/// Counts a unit's outcome, or records in s.fail what is wrong with it.
+/// Success: every element of `out` within the rounding bound of any f32
+/// summation order (2 n u |A| |W|, u = 2^-24) of relu(A W) in double.
+/// Failure: the mode's own error, and `out` untouched (design.md: a pageable
+/// download writes its target only after the unit's successful wait).
+void check_unit(stress_run& s, unit_mode mode, const unit_result& r, const stress_size& sz,
+                std::size_t input, const std::vector<std::size_t>& perm,
+                const std::vector<float>& out, std::uint32_t mark, std::uint64_t id,
+                bool too_late) {
+  const auto n = static_cast<std::size_t>(sz.n);
+  const auto m = static_cast<int>(mode);
+  const std::string what = "unit " + std::to_string(id) + " (n " + std::to_string(n) + ", mode " +
+                           std::to_string(m) + "): ";
+  if (r) {
+    const double bound = 2.0 * static_cast<double>(n) * std::ldexp(1.0, -24);
+    const auto& p = sz.product[input];
+    const auto& mag = sz.magnitude[input];
+    for (std::size_t c = 0; c < n; ++c)
+      for (std::size_t row = 0; row < n; ++row) {
+        const std::size_t at = c * n + perm[row];
+        const double ref = std::max(p[at], 0.0);
+        const double got = out[c * n + row];
+        if (!(std::fabs(got - ref) <= bound * mag[at]))
+          return s.fail.add(what + "element (" + std::to_string(row) + ", " + std::to_string(c) +
+                            ") is " + std::to_string(got) + ", the reference " +
+                            std::to_string(ref));
+      }
+    ++s.succeeded;
+    ++s.ok_by_mode[static_cast<std::size_t>(m)];
+    if (too_late) ++s.cancel_too_late;
+    return;
+  }
+  const auto& e = r.error();
+  const bool allowed =
+      (mode == unit_mode::deadline && e.code() == errc::timeout) ||
+      ((mode == unit_mode::race || mode == unit_mode::signal) && e.code() == errc::cancelled);
+  if (!allowed) return s.fail.add(what + "failed with " + e.message());
+  for (float v : out)
+    if (std::bit_cast<std::uint32_t>(v) != mark)
+      return s.fail.add(what + "failed with " + e.message() + ", and its target was written");
+  ++(e.code() == errc::timeout ? s.timed_out : s.cancelled);
+  ++s.failed_by_mode[static_cast<std::size_t>(m)];
+  // A unit fails all four steps once its wait has begun; "step k of 4": the
+  // k - 1 before it ran (design.md, "Failures").
+  const auto& msg = e.message();
+  std::uint64_t ran = 4;
+  if (msg.find("before it started") != std::string::npos) {
+    ran = 0;
+    ++s.never_started;
+  } else if (const auto at = msg.find("compose: step "); at != std::string::npos) {
+    ran = std::stoull(msg.substr(at + 14)) - 1;
+    ++s.between_steps;
+  }
+  s.steps_failed += ran;
+}
+
+/// One client of the service: `s.units` requests one after another, each a
+/// unit awaited once, of a random size, on fresh buffers or on the ones this
+/// coroutine used before (whose earlier, maybe abandoned, work the new unit
+/// must be ordered after), with a random completion strategy and a random
+/// way and moment of cancellation.
+asio::awaitable<void> stress_client(stress_run* s, std::uint64_t seed,
+                                    asio::any_io_executor unit_strand) {
+  using namespace asio::experimental::awaitable_operators;
+  const auto ex = co_await asio::this_coro::executor;
+  std::mt19937_64 rng(seed);
+  std::vector<unit_buffers> own(s->sizes->size());
+  for (int u = 0; u < s->units; ++u) {
+    const std::uint64_t id = seed * 1000 + static_cast<std::uint64_t>(u);
+    const std::size_t which = rng() % s->sizes->size();
+    const stress_size& sz = (*s->sizes)[which];
+    const auto n = static_cast<std::size_t>(sz.n);
+    const std::size_t input = rng() % sz.inputs.size();
+    std::vector<std::size_t> perm(n);
+    std::iota(perm.begin(), perm.end(), std::size_t{0});
+    std::shuffle(perm.begin(), perm.end(), rng);
+    std::vector<float> a(n * n);
+    for (std::size_t k = 0; k < n; ++k)
+      for (std::size_t row = 0; row < n; ++row)
+        a[k * n + row] = sz.inputs[input][k * n + perm[row]];
+
+    unit_buffers fresh;
+    const bool use_fresh = (rng() & 1) != 0;
+    unit_buffers& b = use_fresh ? fresh : own[which];
+    if (b.x.empty()) {
+      auto x = s->dev.allocate<float>(n * n), y = s->dev.allocate<float>(n * n),
+           z = s->dev.allocate<float>(n * n);
+      if (!x || !y || !z) co_return s->fail.add("allocation failed");
+      b = {std::move(x).value(), std::move(y).value(), std::move(z).value()};
+    }
+    // A quiet NaN with the unit's number in its payload: a failed unit's
+    // target must keep it, bit for bit.
+    const auto mark = 0x7FC00000u | static_cast<std::uint32_t>((id * 2654435761u) & 0x3FFFFFu);
+    std::vector<float> out(n * n, std::bit_cast<float>(mark));
+
+    completion how = random_strategy(rng);
+    const auto mode = static_cast<unit_mode>(rng() % unit_modes);
+    std::optional<unit_result> got;
+    bool too_late = false;
+    switch (mode) {
+      case unit_mode::plain:
+        got.emplace(co_await make_unit(*s, how, sz, a, b, out));
+        break;
+      case unit_mode::deadline:
+        // Now and then a deadline long enough never to pass.
+        how.timeout = rng() % 8 == 0 ? std::chrono::nanoseconds{std::chrono::seconds(30)}
+                                     : random_delay(rng, 8);
+        got.emplace(co_await make_unit(*s, how, sz, a, b, out));
+        break;
+      case unit_mode::race: {
+        asio::steady_timer t(ex, random_delay(rng, 8));
+        const auto won = co_await (store_unit(make_unit(*s, how, sz, a, b, out), &got) ||
+                                   t.async_wait(asio::use_awaitable));
+        too_late = won.index() == 1;
+        break;
+      }
+      case unit_mode::signal:
+        got.emplace(co_await via_signal(*s, unit_strand, make_unit(*s, how, sz, a, b, out),
+                                        random_delay(rng, 4), &too_late));
+        break;
+    }
+    if (!got) co_return s->fail.add("unit " + std::to_string(id) + " ended without a result");
+    check_unit(*s, mode, *got, sz, input, perm, out, mark, id, too_late);
+  }
+}
+
+/// The device's memory as the stress test compares it: the statistics
+/// (cudaMemGetInfo, live buffers, parked keep-alives) and the bytes in use
+/// in the device's pool, taken once the device is idle.
+struct memory_state {
+  device_statistics stats;
+  std::uint64_t pool_used = 0, pool_reserved = 0;
+};
+
+memory_state idle_memory(const device& dev, bool trim) {
+  REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
+  cudaMemPool_t pool = dev.impl()->mem_pool;
+  // The pool keeps freed memory (release threshold at max): trimmed, it
+  // holds only what is in use, so cudaMemGetInfo can be compared.
+  if (trim) REQUIRE(cudaMemPoolTrimTo(pool, 0) == cudaSuccess);
+  memory_state m;
+  REQUIRE(cudaMemPoolGetAttribute(pool, cudaMemPoolAttrUsedMemCurrent, &m.pool_used) ==
+          cudaSuccess);
+  REQUIRE(cudaMemPoolGetAttribute(pool, cudaMemPoolAttrReservedMemCurrent, &m.pool_reserved) ==
+          cudaSuccess);
+  m.stats = dev.statistics();
+  return m;
+}
+
+}  // namespace
+
+TEST_CASE_FIXTURE(compose_fixture,
+                  "compose: 256 coroutines on 4 io threads cancel units at random (a signal, an "
+                  "awaitable-operators race, a timeout) before, during and after their wait; "
+                  "every success is right, every failure is cancelled or timeout with its target "
+                  "untouched, and everything is given back") {
+  constexpr int clients = 256;
+  constexpr int units = 12;
+  constexpr unsigned io_threads = 4;
+  std::vector<stress_size> sizes;
+  for (int n : {64, 128, 256}) sizes.push_back(make_stress_size(n, 4, 1000 + n));
+
+  // Load the kernels the units use (module loading takes device memory once
+  // per process) with actors of their own, before the baseline.
+  {
+    auto b = blas_actor::create(dev).value();
+    auto d = cudnn_actor::create(dev).value();
+    for (auto& sz : sizes) {
+      const auto nn = sz.w_host.size();
+      auto w = alloc<float>(nn), x = alloc<float>(nn), y = alloc<float>(nn), z = alloc<float>(nn);
+      REQUIRE(run(upload(sz.w_host, w)));
+      std::vector<float> out(nn);
+      auto r = run(compose(dev, upload(sz.inputs[0], x), b.gemm(square(sz.n), x, w, y),
+                           d.activation_forward({1, 1, sz.n, sz.n}, {}, y, z), download(z, out)));
+      REQUIRE_MESSAGE(r, (r ? "" : r.error().message()));
+    }
+  }
+  drain_parked();
+  const auto base = idle_memory(dev, true);
+
+  {
+    stress_run s(dev, sizes, units);
+    for (auto& sz : sizes) {
+      sz.w = alloc<float>(sz.w_host.size());
+      REQUIRE(run(upload(sz.w_host, sz.w)));
+    }
+    const auto before = idle_memory(dev, false);
+    s.requests_left = clients;
+    for (int i = 0; i < clients; ++i) {
+      auto strand = asio::make_strand(ioc);
+      asio::co_spawn(
+          strand,
+          stress_client(&s, 7919u * static_cast<std::uint64_t>(i + 1), asio::make_strand(ioc)),
+          [&s](std::exception_ptr e) {
+            if (e) s.fail.add("client: " + describe(e));
+            s.requests_left.fetch_sub(1);
+          });
+    }
+    ioc.restart();
+    const auto t0 = std::chrono::steady_clock::now();
+    std::vector<std::thread> pool;
+    for (unsigned t = 0; t < io_threads; ++t)
+      pool.emplace_back([&] {
+        try {
+          ioc.run_for(limit);
+        } catch (...) {
+          s.fail.add("io thread: " + describe(std::current_exception()));
+        }
+      });
+    for (auto& t : pool) t.join();
+    const auto took = std::chrono::steady_clock::now() - t0;
+    REQUIRE(s.requests_left.load() == 0);
+    // run() ended because the io_context ran out of work, not at the limit:
+    // nothing the units left behind (waits, host functions, parked
+    // keep-alives, timers) keeps it busy.
+    CHECK(ioc.stopped());
+    if (s.fail.count() > 0) MESSAGE(s.fail.first());
+    CHECK(s.fail.count() == 0);
+
+    const auto total = static_cast<std::uint64_t>(clients) * units;
+    const auto failed = s.cancelled.load() + s.timed_out.load();
+    MESSAGE("units ", total, " in ", std::chrono::duration<double>(took).count(), " s: succeeded ",
+            s.succeeded.load(), ", cancelled ", s.cancelled.load(), " (before the unit started ",
+            s.never_started.load(), ", between steps ", s.between_steps.load(), "), timed out ",
+            s.timed_out.load(), "; cancellations that came after success ",
+            s.cancel_too_late.load(), "; by mode (ok/failed): plain ", s.ok_by_mode[0].load(), "/",
+            s.failed_by_mode[0].load(), ", deadline ", s.ok_by_mode[1].load(), "/",
+            s.failed_by_mode[1].load(), ", race ", s.ok_by_mode[2].load(), "/",
+            s.failed_by_mode[2].load(), ", signal ", s.ok_by_mode[3].load(), "/",
+            s.failed_by_mode[3].load());
+    CHECK(s.succeeded.load() + failed == total);
+    // Not vacuous: plenty of both, by each way of cancelling.
+    CHECK(s.succeeded.load() >= total / 5);
+    CHECK(s.cancelled.load() >= total / 20);
+    CHECK(s.timed_out.load() >= total / 50);
+    CHECK(s.failed_by_mode[2].load() >= total / 50);
+    CHECK(s.failed_by_mode[3].load() >= total / 50);
+
+    // The io threads have joined and the device is idle: nothing parked or
+    // in flight, each step of each unit counted once (a unit cancelled
+    // before it started ran none), every buffer of the units released.
+    const auto after = idle_memory(dev, false);
+    CHECK(after.stats.parked == 0);
+    CHECK(after.stats.ops_in_flight == before.stats.ops_in_flight);
+    CHECK(after.stats.ops_completed - before.stats.ops_completed == 4 * s.succeeded.load());
+    CHECK(after.stats.ops_failed - before.stats.ops_failed == s.steps_failed.load());
+    CHECK(after.stats.live_buffers == before.stats.live_buffers);
+    CHECK(after.pool_used == before.pool_used);
+    for (auto& sz : sizes) sz.w = {};
+  }  // the actors (their lanes, handles, workspaces) go too
+  drain_parked();
+  const auto end = idle_memory(dev, true);
+  CHECK(end.stats.parked == 0);
+  CHECK(end.stats.ops_in_flight == base.stats.ops_in_flight);
+  CHECK(end.stats.live_buffers == base.stats.live_buffers);
+  CHECK(end.pool_used == base.pool_used);
+  CHECK(end.pool_reserved == base.pool_reserved);
+  // Everything the stress made is gone (the units' buffers and staging, the
+  // lanes' cuBLAS workspaces and cuDNN handles), the kernels were loaded
+  // before the baseline and the pool is trimmed: the driver reports the
+  // device's free memory of the baseline.
+  MESSAGE("device free bytes: before ", base.stats.free_bytes, ", after ", end.stats.free_bytes);
+  CHECK(end.stats.free_bytes == base.stats.free_bytes);
+}
+#endif
