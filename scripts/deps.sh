@@ -10,7 +10,9 @@
 # CUDA toolkit (>= 12) under $TOOLKIT_PREFIX (default /usr/local/cuda).
 # Wanted, but the build runs without: the doctest header (else meson downloads
 # it through subprojects/doctest.wrap), pkg-config (else the consumer test
-# skips its pkg-config half), cuDNN (else the cuDNN actor is left out).
+# skips its pkg-config half), doxygen (else there is no api-docs target and
+# the docs test, which checks that every public symbol is documented,
+# reports SKIP), cuDNN (else the cuDNN actor is left out).
 #
 # Environment: CXX, TOOLKIT_PREFIX; DEPS_NO_INSTALL=1 only checks.
 set -u
@@ -102,6 +104,11 @@ check_pkg_config() {
     need "pkg-config (optional: the consumer test checks the installed .pc file with it)" pkg-config
 }
 
+check_doxygen() {
+  command -v doxygen >/dev/null 2>&1 ||
+    need "doxygen (optional: the API reference, ninja -C build api-docs, and the docs test, which checks that every public symbol is documented, need it)" doxygen
+}
+
 check_cuda() {
   local ok=1
   [ -f "$toolkit/include/cuda_runtime_api.h" ] || ok=0
@@ -129,6 +136,7 @@ check_all() {
   check_boost
   check_doctest
   check_pkg_config
+  check_doxygen
   check_cuda
 }
 

@@ -2,7 +2,8 @@
 # Set-up command 2: check for (and install, where apt can) what the build
 # needs, build, run the whole test suite; then build the CPU tests with
 # AddressSanitizer + UndefinedBehaviorSanitizer in build-asan/ and run them.
-# GPU tests report SKIP (exit 77, with the reason in the log) without a GPU.
+# GPU tests report SKIP (exit 77, with the reason in the log) without a GPU;
+# the API documentation check (suite docs) likewise without doxygen.
 # TOOLKIT_PREFIX: the CUDA toolkit (default /usr/local/cuda); ASAN=0 leaves
 # the sanitizer stage out.
 set -eu
