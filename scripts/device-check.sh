@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The whole GPU check, as run on the H200 through the device tool:
-# configure, build, full test suite (CPU + GPU), the demo, the GPU tests
+# configure, build, full test suite (CPU + GPU), the samples, the GPU tests
 # under compute-sanitizer memcheck, and the GPU tests built with ASan + UBSan.
 # Full logs go to $OUT (or ./device-out); the summary lines go to stdout.
 # SAMPLES=0, SANITIZE=0, ASAN=0 leave those stages out.
