@@ -178,6 +178,15 @@ public:
     return *this;
   }
 
+  /// A string option (any value).
+  options& text(std::string name, std::string& target) {
+    specs_.push_back({std::move(name), true, [&target](std::string_view v) {
+                        target = std::string(v);
+                        return std::optional<std::string>{};
+                      }});
+    return *this;
+  }
+
   /// A completion strategy by name.
   options& strategy(std::string name, std::optional<cuda::strategy>& target) {
     specs_.push_back({std::move(name), true, [&target](std::string_view v) {
