@@ -9,6 +9,7 @@
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/detached.hpp>
 #include <boost/asio/post.hpp>
+#include <boost/asio/redirect_error.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <boost/asio/use_awaitable.hpp>
 #include <boost/asio/use_future.hpp>
@@ -319,4 +320,110 @@ TEST_CASE_FIXTURE(io_fixture,
   CHECK(inside_saw);       // the wait's coroutine is the unit's
   CHECK_FALSE(after_saw);  // (the caller's is not)
   CHECK(inside + 1 == after);
+}
+
+namespace {
+/// A step that waits `ms` on a timer (cancellable), then records its turn.
+asio::awaitable<result<int>> timed_step(std::vector<int>* order, int id, bool* waiting,
+                                        std::chrono::milliseconds ms) {
+  asio::steady_timer t(co_await asio::this_coro::executor, ms);
+  *waiting = true;
+  co_await t.async_wait(asio::use_awaitable);
+  order->push_back(id);
+  co_return id;
+}
+
+/// A unit run as compose() runs it (detail::run_unit) whose end waits `ms`
+/// on a timer, standing for the GPU wait (finish_unit): a cancelled wait
+/// yields cancelled, as async_wait_event does; yields the unit's outcome.
+asio::awaitable<result<int>> unit_with_wait(std::vector<int>* order, bool* waiting,
+                                            std::chrono::milliseconds ms) {
+  detail::unit_recorder rec;
+  const detail::unit_executor ex(co_await asio::this_coro::executor, &rec);
+  std::tuple<std::optional<result<int>>, std::optional<result<int>>> got;
+  bool a = false, b = false;
+  auto finish = [waiting, ms](detail::unit_recorder&,
+                              std::optional<gpu_error> failed) -> asio::awaitable<result<void>> {
+    if (failed) co_return *failed;
+    asio::steady_timer t(co_await asio::this_coro::executor, ms);
+    *waiting = true;
+    boost::system::error_code ec;
+    co_await t.async_wait(asio::redirect_error(asio::use_awaitable, ec));
+    if (ec == asio::error::operation_aborted)
+      co_return make_error(errc::cancelled, "compose: wait cancelled");
+    co_return outcome::success();
+  };
+  auto s1 = ordered_step(order, 1, &a, false);
+  auto s2 = ordered_step(order, 2, &b, false);
+  auto ended = co_await detail::run_unit(ex, got, finish, s1, s2);
+  if (!ended) co_return ended.error();
+  co_return 0;
+}
+
+/// detail::run_unit_steps (record()'s unit) as a result<int>: 0 or the first error.
+asio::awaitable<result<int>> steps_as_result(asio::awaitable<result<int>> s1,
+                                             asio::awaitable<result<int>> s2) {
+  detail::unit_recorder rec;
+  std::tuple<std::optional<result<int>>, std::optional<result<int>>> got;
+  auto failed = co_await run_steps<int, int>(&rec, got, std::move(s1), std::move(s2));
+  if (failed) co_return *failed;
+  co_return 0;
+}
+
+constexpr asio::cancellation_type_t every_type[] = {asio::cancellation_type::terminal,
+                                                    asio::cancellation_type::partial,
+                                                    asio::cancellation_type::total};
+}  // namespace
+
+TEST_CASE_FIXTURE(io_fixture,
+                  "a unit's wait sees every cancellation type of an async_from handler's slot "
+                  "(terminal, partial, total), as one operation's wait does") {
+  for (const auto type : every_type) {
+    CAPTURE(static_cast<unsigned>(type));
+    std::vector<int> order;
+    bool waiting = false;
+    std::optional<result<int>> res;
+    asio::cancellation_signal sig;
+    // The wait lasts 2 s: a cancellation that does not reach it lets the
+    // unit succeed after that (the test fails, and leaves nothing behind).
+    async_from(ioc.get_executor(), unit_with_wait(&order, &waiting, std::chrono::seconds(2)),
+               asio::bind_cancellation_slot(sig.slot(),
+                                            [&](result<int> r) { res.emplace(std::move(r)); }));
+    REQUIRE(run_until([&] { return waiting; }));
+    const auto emitted = std::chrono::steady_clock::now();
+    sig.emit(type);
+    REQUIRE(run_until([&] { return res.has_value(); }, std::chrono::seconds(30)));
+    const auto took = std::chrono::steady_clock::now() - emitted;
+    REQUIRE_FALSE(*res);
+    CHECK(res->error().code() == errc::cancelled);
+    CHECK(took < std::chrono::seconds(1));
+    CHECK(order == std::vector<int>{1, 2});  // the steps ran before the wait
+  }
+}
+
+TEST_CASE_FIXTURE(io_fixture,
+                  "a unit's steps see every cancellation type of an async_from handler's slot: "
+                  "the waiting step is cancelled, no later step starts (record()'s unit)") {
+  for (const auto type : every_type) {
+    CAPTURE(static_cast<unsigned>(type));
+    std::vector<int> order;
+    bool waiting = false, seen = false;
+    std::optional<result<int>> res;
+    asio::cancellation_signal sig;
+    async_from(ioc.get_executor(),
+               steps_as_result(timed_step(&order, 1, &waiting, std::chrono::seconds(2)),
+                               ordered_step(&order, 2, &seen, false)),
+               asio::bind_cancellation_slot(sig.slot(),
+                                            [&](result<int> r) { res.emplace(std::move(r)); }));
+    REQUIRE(run_until([&] { return waiting; }));
+    const auto emitted = std::chrono::steady_clock::now();
+    sig.emit(type);
+    REQUIRE(run_until([&] { return res.has_value(); }, std::chrono::seconds(30)));
+    const auto took = std::chrono::steady_clock::now() - emitted;
+    REQUIRE_FALSE(*res);
+    CHECK(res->error().code() == errc::cancelled);
+    CHECK(res->error().message().rfind("compose: step 1 of 2: ", 0) == 0);
+    CHECK(took < std::chrono::seconds(1));
+    CHECK(order.empty());
+  }
 }

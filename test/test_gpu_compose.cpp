@@ -230,6 +230,56 @@ TEST_CASE_FIXTURE(compose_fixture,
 }
 
 TEST_CASE_FIXTURE(compose_fixture,
+                  "compose through async_from: every cancellation type of the handler's slot "
+                  "(terminal, partial, total) reaches the unit's wait, which parks every step "
+                  "until the GPU is done") {
+  test_kernels kernels;
+  auto spin_step = [&](double ms) {
+    auto tiny = alloc<int>(1);
+    return run_kernel("cuda", dev.main_stream(), tiny,
+                      [&kernels, ms](launch& l) -> result<std::tuple<>> {
+                        if (auto e = kernels.spin(l.native_stream(), ms); e != cudaSuccess)
+                          return classify(e, "cudaLaunchKernel");
+                        return std::tuple<>{};
+                      });
+  };
+  using unit_result = result<std::tuple<gpu_ref<int>, gpu_ref<float>, std::monostate>>;
+  const auto buffers_before = dev.statistics().live_buffers;
+  for (const auto type : {asio::cancellation_type::terminal, asio::cancellation_type::partial,
+                          asio::cancellation_type::total}) {
+    CAPTURE(static_cast<unsigned>(type));
+    {
+      auto out = nan_floats(1 << 16);
+      std::vector<float> host(out.size(), 1.0f);
+      const auto before = dev.statistics();
+      asio::cancellation_signal sig;
+      std::optional<unit_result> res;
+      const auto start = std::chrono::steady_clock::now();
+      // The unit's last GPU work runs after a 500 ms kernel; the handler's
+      // slot is cancelled 20 ms in, while the unit waits.
+      async_from(dev.get_executor(),
+                 compose(dev, spin_step(500), fill_bytes(out, 0), download(out, host)),
+                 asio::bind_cancellation_slot(sig.slot(),
+                                              [&](unit_result r) { res.emplace(std::move(r)); }));
+      asio::steady_timer t(ioc, 20ms);
+      t.async_wait([&](auto) { sig.emit(type); });
+      REQUIRE(run_until([&] { return res.has_value(); }, 5s, 1ms));
+      const auto took = std::chrono::steady_clock::now() - start;
+      REQUIRE_FALSE(*res);
+      CHECK(res->error().code() == errc::cancelled);
+      CHECK(took < 300ms);                 // well before the kernel ends
+      CHECK(dev.statistics().parked > 0);  // the steps' keep-alives, until the GPU is done
+      // The pageable target is written only when a unit succeeds.
+      CHECK(std::all_of(host.begin(), host.end(), [](float x) { return x == 1.0f; }));
+      check_settled(before, 0, 3);      // parked drained to 0 once the GPU is done
+      auto got = download_floats(out);  // the GPU did run the fill after the spin
+      CHECK(std::all_of(got.begin(), got.end(), [](float x) { return x == 0.0f; }));
+    }
+  }
+  CHECK(dev.statistics().live_buffers == buffers_before);
+}
+
+TEST_CASE_FIXTURE(compose_fixture,
                   "compose: a unit's transfers with no stream given do not queue behind another "
                   "unit's on one shared stream") {
   // Unit A: a 300 ms kernel on a stream of its own writes `a`, then a download

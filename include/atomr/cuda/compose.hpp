@@ -8,6 +8,7 @@
 #include <atomr/cuda/error.hpp>
 
 #include <boost/asio/awaitable.hpp>
+#include <boost/asio/cancellation_state.hpp>
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/this_coro.hpp>
 #include <boost/asio/use_awaitable.hpp>
@@ -71,12 +72,25 @@ asio::awaitable<void> await_unit_step(asio::awaitable<result<T>>& step,
 /// Then the unit's pending transfers are enqueued (a unit of transfers only,
 /// or one whose later step failed before enqueuing anything: the steps before
 /// a failed one always run) and the event of every run is recorded.
+///
+/// It is the first thing the unit's spawned coroutine runs (run_unit_steps,
+/// unit_whole), and it first lets every cancellation type through to the
+/// whole coroutine, steps and unit_whole's wait alike: co_spawn starts a
+/// coroutine that lets only terminal ones through, so partial and total
+/// ones of the caller (async_from's handler slot, which lets all three
+/// through to a single operation) would otherwise never reach the unit.
+/// Nothing suspends before this, so no cancellation is missed. Each type
+/// then acts as terminal does: seen between two steps, it stops the unit
+/// before the next step starts (an in-process step enqueues without
+/// suspending, so none is torn down half-enqueued; a step that suspends
+/// sees it as with terminal); seen by the wait, it parks every stage.
 template <class... T, std::size_t... I>
 asio::awaitable<void> unit_body(unit_recorder& rec,
                                 std::tuple<asio::awaitable<result<T>>&...> steps,
                                 std::tuple<std::optional<result<T>>...>& got,
                                 std::optional<gpu_error>& failed, const char* unit,
                                 std::index_sequence<I...>) {
+  co_await asio::this_coro::reset_cancellation_state(asio::enable_total_cancellation());
   constexpr std::size_t n = sizeof...(T);
   std::size_t k = 0;
   auto one = [&]<class V>(asio::awaitable<result<V>>& step,
@@ -124,11 +138,12 @@ asio::awaitable<std::optional<gpu_error>> run_unit_steps(
   co_return failed;
 }
 
-/// compose()'s whole unit in its one coroutine: the steps (unit_body), then
-/// the unit's end (`finish`: the wait, compose's finish_unit) on the same
-/// executor. The wait suspends the coroutine, so its completion is what
-/// resumes it and co_spawn's own extra trip (a post before completing, made
-/// only for a coroutine that never suspended) is not taken.
+/// compose()'s whole unit in its one coroutine: the steps (unit_body, which
+/// lets every cancellation type through, to the wait too), then the unit's
+/// end (`finish`: the wait, compose's finish_unit) on the same executor.
+/// The wait suspends the coroutine, so its completion is what resumes it
+/// and co_spawn's own extra trip (a post before completing, made only for a
+/// coroutine that never suspended) is not taken.
 template <class Finish, class... T, std::size_t... I>
 asio::awaitable<void> unit_whole(unit_recorder& rec,
                                  std::tuple<asio::awaitable<result<T>>&...> steps,
