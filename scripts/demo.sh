@@ -18,17 +18,8 @@ pid=
 stop() { if [ -n "$pid" ]; then kill -TERM "$pid" 2>/dev/null; wait "$pid" 2>/dev/null || true; pid=; cat "$log"; fi; }
 trap 'stop; rm -f "$log"' EXIT
 
-serve() {  # starts atomr-serve "$@" on a free loopback port: $pid, $port
-  : >"$log"
-  "$bin/atomr-serve" --port 0 "$@" >"$log" 2>&1 &
-  pid=$!
-  port=
-  for _ in $(seq 200); do
-    port=$(grep -o 'listening on http://127.0.0.1:[0-9]*' "$log" | grep -o '[0-9]*$') && break
-    sleep 0.05
-  done
-  [ -n "$port" ] || { echo "demo: atomr-serve did not start"; exit 1; }
-}
+. samples/serve/start.sh
+serve() { serve_start "$bin/atomr-serve" "$log" "$@"; }
 
 echo "== atomr-serve in process: 32 connections, 4 s of gemm, FFT and model requests, every answer checked"
 serve

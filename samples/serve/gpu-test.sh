@@ -17,17 +17,11 @@ pid=
 cleanup() { [ -n "$pid" ] && kill -TERM "$pid" 2>/dev/null && wait "$pid" 2>/dev/null; pid=; }
 trap cleanup EXIT
 
-start() {  # start atomr-serve with "$@"; sets $pid and $port
+. "$(dirname "$0")/start.sh"
+start() {  # start NAME ARGS...: atomr-serve with ARGS, its log $out/serve-NAME.log
   log=$out/serve-$1.log
   shift
-  "$serve" --port 0 --threads 8 "$@" >"$log" 2>&1 &
-  pid=$!
-  port=
-  for _ in $(seq 200); do
-    port=$(grep -o 'listening on http://127.0.0.1:[0-9]*' "$log" | grep -o '[0-9]*$') && break
-    sleep 0.05
-  done
-  [ -n "$port" ] || { echo "atomr-serve did not start:"; cat "$log"; exit 1; }
+  serve_start "$serve" "$log" --threads 8 "$@"
 }
 
 field() {  # field FILE NAME: a number from atomr-load's JSON
