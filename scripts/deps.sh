@@ -14,7 +14,9 @@
 # the docs test, which checks that every public symbol is documented,
 # reports SKIP), cuDNN (else the cuDNN actor is left out).
 #
-# Environment: CXX, TOOLKIT_PREFIX; DEPS_NO_INSTALL=1 only checks.
+# Environment: CXX, TOOLKIT_PREFIX; DEPS_NO_INSTALL=1 only checks;
+# DEPS_OPTIONAL=1 also installs the wanted items when only they are missing
+# (CI sets it, so that the docs test runs there instead of skipping).
 set -u
 
 toolkit=${TOOLKIT_PREFIX:-/usr/local/cuda}
@@ -158,8 +160,8 @@ required_missing() {
 
 check_all
 tried_apt=0
-if [ ${#to_install[@]} -gt 0 ] && required_missing && [ "${DEPS_NO_INSTALL:-0}" != 1 ] &&
-  apt_usable; then
+if [ ${#to_install[@]} -gt 0 ] && { required_missing || [ "${DEPS_OPTIONAL:-0}" = 1 ]; } &&
+  [ "${DEPS_NO_INSTALL:-0}" != 1 ] && apt_usable; then
   tried_apt=1
   # One package may cover several items; install each once.
   pkgs=$(printf '%s\n' "${to_install[@]}" | sort -u | tr '\n' ' ')
