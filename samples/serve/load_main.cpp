@@ -399,8 +399,9 @@ asio::awaitable<void> connection(run_state& st, int id) {
   stream.socket().shutdown(tcp::socket::shutdown_both, ignored);
 }
 
-/// Polls GET /health until it answers 200 (true) or `limit` passes; `last`:
-/// its last answer (or the connection error).
+/// Polls GET /health until it answers 200 (true), or `limit` passes, or the
+/// device is unavailable or stopped (false); `last`: its last answer (or the
+/// connection error).
 bool wait_healthy(const tcp::endpoint& ep, const std::string& host, std::chrono::seconds limit,
                   std::string& last) {
   const auto end = clock_type::now() + limit;
@@ -420,6 +421,10 @@ bool wait_healthy(const tcp::endpoint& ep, const std::string& host, std::chrono:
       if (!ec) {
         last = res.body();
         if (res.result_int() == 200) return true;
+        // Unavailable (no GPU) and stopped never turn healthy: no point waiting.
+        if (last.find("\"health\":\"unavailable\"") != std::string::npos ||
+            last.find("\"health\":\"stopped\"") != std::string::npos)
+          return false;
       }
     }
     if (ec) last = ec.message();
@@ -498,7 +503,7 @@ int main(int argc, char** argv) {
   if (o.wait_healthy > 0) {
     std::string last;
     if (!wait_healthy(st.ep, o.host, std::chrono::seconds(o.wait_healthy), last)) {
-      std::fprintf(stderr, "%s: the service did not become healthy within %lld s; /health: %s\n",
+      std::fprintf(stderr, "%s: the service is not healthy (waited up to %lld s); /health: %s\n",
                    prog.name, o.wait_healthy, last.c_str());
       return cli::exit_no_gpu;
     }
