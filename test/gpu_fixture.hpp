@@ -14,6 +14,9 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <exception>
+#include <mutex>
+#include <string>
 #include <stdexcept>
 #include <tuple>
 #include <vector>
@@ -155,5 +158,39 @@ struct gpu_fixture : io_fixture {
     }
   }
 };
+
+/// Failures seen on io threads (doctest's macros stay on the test's
+/// thread): how many, and the first one's description.
+class failures {
+public:
+  void add(std::string what) {
+    std::lock_guard lk(mu_);
+    if (count_++ == 0) first_ = std::move(what);
+  }
+  std::size_t count() const {
+    std::lock_guard lk(mu_);
+    return count_;
+  }
+  std::string first() const {
+    std::lock_guard lk(mu_);
+    return first_;
+  }
+
+private:
+  mutable std::mutex mu_;
+  std::size_t count_ = 0;
+  std::string first_;
+};
+
+/// An exception's description for a failure message.
+inline std::string describe(std::exception_ptr e) {
+  try {
+    std::rethrow_exception(e);
+  } catch (const std::exception& x) {
+    return std::string("exception: ") + x.what();
+  } catch (...) {
+  }
+  return "an exception of unknown type";
+}
 
 }  // namespace atomr::cuda::test

@@ -415,38 +415,6 @@ TEST_CASE_FIXTURE(compose_fixture,
 #if ATOMR_CUDA_HAS_CUDNN
 namespace {
 
-/// Failures seen on io threads; doctest's macros stay on the test's thread.
-class stress_failures {
-public:
-  void add(std::string what) {
-    std::lock_guard lk(mu_);
-    if (count_++ == 0) first_ = std::move(what);
-  }
-  std::size_t count() const {
-    std::lock_guard lk(mu_);
-    return count_;
-  }
-  std::string first() const {
-    std::lock_guard lk(mu_);
-    return first_;
-  }
-
-private:
-  mutable std::mutex mu_;
-  std::size_t count_ = 0;
-  std::string first_;
-};
-
-std::string describe(std::exception_ptr e) {
-  try {
-    std::rethrow_exception(e);
-  } catch (const std::exception& x) {
-    return std::string("exception: ") + x.what();
-  } catch (...) {
-  }
-  return "an exception of unknown type";
-}
-
 /// One request size of the stress: the weights W (host, and device-resident),
 /// a few inputs B_j and, for each, B_j * W and |B_j| * |W| in double
 /// (column-major n x n). A request's input is B_j with its rows permuted, so
@@ -505,7 +473,7 @@ struct stress_run {
   cudnn_actor dnn;
   const std::vector<stress_size>* sizes;
   int units;  // per client
-  stress_failures fail;
+  failures fail;
   std::atomic<std::uint64_t> requests_left{0};
   std::atomic<std::uint64_t> succeeded{0}, cancelled{0}, timed_out{0};
   /// Cancelled through the token before the unit's coroutine started (no

@@ -37,6 +37,8 @@
 #include <vector>
 
 using namespace atomr::cuda;
+using atomr::cuda::test::describe;
+using atomr::cuda::test::failures;
 using atomr::cuda::test::gpu_fixture;
 using atomr::cuda::test::random_floats;
 
@@ -45,38 +47,6 @@ namespace {
 constexpr unsigned io_threads = 8;
 using c32 = std::complex<float>;
 using c64 = std::complex<double>;
-
-/// Failures seen on io threads; doctest's macros stay on the test's thread.
-class failures {
-public:
-  void add(std::string what) {
-    std::lock_guard lk(mu_);
-    if (count_++ == 0) first_ = std::move(what);
-  }
-  std::size_t count() const {
-    std::lock_guard lk(mu_);
-    return count_;
-  }
-  std::string first() const {
-    std::lock_guard lk(mu_);
-    return first_;
-  }
-
-private:
-  mutable std::mutex mu_;
-  std::size_t count_ = 0;
-  std::string first_;
-};
-
-std::string describe(std::exception_ptr e) {
-  try {
-    std::rethrow_exception(e);
-  } catch (const std::exception& ex) {
-    return std::string("exception: ") + ex.what();
-  } catch (...) {
-  }
-  return "unknown exception";
-}
 
 /// Several io_contexts, each run by a thread of its own. A coroutine steps
 /// from thread to thread by awaiting on(k, step), so that consecutive
