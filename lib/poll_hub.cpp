@@ -1,5 +1,7 @@
 #include "poll_hub.hpp"
 
+#include "cpu_relax.hpp"
+
 #include <boost/asio/post.hpp>
 #include <boost/asio/steady_timer.hpp>
 
@@ -7,16 +9,6 @@
 #include <condition_variable>
 
 namespace atomr::cuda::detail {
-
-namespace {
-inline void cpu_relax() noexcept {
-#if defined(__x86_64__) || defined(__i386__)
-  __builtin_ia32_pause();
-#elif defined(__aarch64__)
-  asm volatile("yield");
-#endif
-}
-}  // namespace
 
 /// The stream queues a launch thread drains, in the order they asked. Shared by the
 /// hub and the thread: the thread may drop the hub's last reference during a

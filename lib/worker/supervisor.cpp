@@ -6,6 +6,7 @@
 #define BOOST_PROCESS_V2_HEADER_ONLY 1
 #include <boost/optional.hpp>
 
+#include "../cpu_relax.hpp"
 #include "protocol.hpp"
 #include "ring.hpp"
 
@@ -117,14 +118,6 @@ std::size_t ring_index(std::size_t rings) {
   static std::atomic<std::size_t> next{0};
   thread_local const std::size_t mine = next.fetch_add(1, std::memory_order_relaxed);
   return mine % rings;
-}
-
-void cpu_relax() noexcept {
-#if defined(__x86_64__) || defined(__i386__)
-  __builtin_ia32_pause();
-#elif defined(__aarch64__)
-  asm volatile("yield");
-#endif
 }
 
 /// How long the reply reader keeps looking after its last reply before it

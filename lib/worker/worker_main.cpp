@@ -19,6 +19,7 @@
 //   --test-faults  accept fault injection (tests only): abort, SIGKILL, hang,
 //                  clean exit, and as requests an illegal-address kernel and a
 //                  kernel that never ends
+#include "../cpu_relax.hpp"
 #include "protocol.hpp"
 #include "ring.hpp"
 #include "test_kernels.hpp"
@@ -657,26 +658,18 @@ private:
       const auto idle = now - last;
       if (outstanding_[r] > 0) {
         if (idle < busy_spin)
-          cpu_relax();
+          cu::detail::cpu_relax();
         else if (rio.run_one_for(std::chrono::microseconds(50)))
           last = clock::now();
         continue;
       }
       if (idle < idle_spin) {
-        cpu_relax();
+        cu::detail::cpu_relax();
         continue;
       }
       q.sleep(std::chrono::milliseconds(100));
       last = clock::now();
     }
-  }
-
-  static void cpu_relax() noexcept {
-#if defined(__x86_64__) || defined(__i386__)
-    __builtin_ia32_pause();
-#elif defined(__aarch64__)
-    asm volatile("yield");
-#endif
   }
 
   asio::io_context& io_;
