@@ -145,7 +145,7 @@ struct service::impl : std::enable_shared_from_this<impl> {
   std::optional<cuda::blas_actor> blas;
   std::optional<cuda::fft_actor> fft;
   std::optional<cuda::cudnn_actor> dnn;
-  std::string gpu_note;  // why an actor is missing
+  std::string gpu_note;  // why an actor is missing (guarded by gpu_mu)
   model::weights w = model::make_weights();
   std::optional<cuda::gpu_ref<float>> conv_w, conv_b, dense_w, dense_b;
 
@@ -188,6 +188,7 @@ struct service::impl : std::enable_shared_from_this<impl> {
     cuda::blas_actor blas;
     std::optional<cuda::fft_actor> fft;
     std::optional<cuda::cudnn_actor> dnn;
+    std::string note;  // why an actor is missing
   };
 
   /// The actors, made by the first request once the device serves (an
@@ -210,7 +211,7 @@ struct service::impl : std::enable_shared_from_this<impl> {
         gpu_note = d.error().message();
       blas = std::move(b);
     }
-    return gpu{dev, *blas, fft, dnn};
+    return gpu{dev, *blas, fft, dnn, gpu_note};
   }
 
   struct model_refs {
@@ -609,7 +610,7 @@ struct service::impl : std::enable_shared_from_this<impl> {
     auto& fft = g.value().fft;
     if (!fft)
       co_return failed(cuda::gpu_error(cuda::errc::not_supported, "atomr", 0,
-                                       "/v1/fft: no FFT actor on this device: " + gpu_note));
+                                       "/v1/fft: no FFT actor on this device: " + g.value().note));
     std::vector<std::complex<float>> y(x.size());
     auto run = [&]() -> asio::awaitable<cuda::result<void>> {
       BOOST_OUTCOME_CO_TRY(auto gx, dev.allocate<std::complex<float>>(x.size()));
@@ -667,8 +668,9 @@ struct service::impl : std::enable_shared_from_this<impl> {
     auto& blas = g.value().blas;
     auto& dnn = g.value().dnn;
     if (!dnn)
-      co_return failed(cuda::gpu_error(cuda::errc::not_supported, "atomr", 0,
-                                       "/v1/infer: no cuDNN actor on this device: " + gpu_note));
+      co_return failed(
+          cuda::gpu_error(cuda::errc::not_supported, "atomr", 0,
+                          "/v1/infer: no cuDNN actor on this device: " + g.value().note));
     auto wts = co_await ensure_weights(dev);
     if (!wts) co_return failed(wts.error());
     const auto& mr = wts.value();
