@@ -19,6 +19,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <cstring>
+#include <fstream>
 #include <functional>
 #include <map>
 #include <mutex>
@@ -282,6 +283,23 @@ struct answers {
   }
 };
 
+/// Every thread of process `pid` is stopped (state T in /proc/PID/task/*/stat).
+bool all_threads_stopped(int pid) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  bool any = false;
+  for (const auto& t : fs::directory_iterator("/proc/" + std::to_string(pid) + "/task", ec)) {
+    std::ifstream f(t.path() / "stat");
+    std::string line;
+    std::getline(f, line);
+    const auto close = line.rfind(')');  // the name may hold spaces and parentheses
+    if (close == std::string::npos || close + 2 >= line.size() || line[close + 2] != 'T')
+      return false;
+    any = true;
+  }
+  return any && !ec;
+}
+
 std::string copy_payload(std::uint64_t i) {
   wire::copy_args a;
   a.src = {i, 0, 1};
@@ -348,8 +366,10 @@ TEST_CASE_FIXTURE(worker_fixture,
   auto w = start(o);
   REQUIRE(run_until([&] { return running_incarnation(w, 1); }));
   const int pid = w->statistics().pid;
-  // Stopped, it reads nothing: the calls wait in the rings.
+  // Stopped, it reads nothing: the calls wait in the rings. SIGSTOP lands
+  // asynchronously: wait until every thread of the worker is stopped.
   REQUIRE(::kill(pid, SIGSTOP) == 0);
+  REQUIRE(run_until([&] { return all_threads_stopped(pid); }));
   answers got;
   const auto deadline = std::chrono::steady_clock::now() + 60s;
   for (std::uint64_t i = 0; i < 300; ++i)
