@@ -239,12 +239,17 @@ struct blas_state {
 
   /// Fails fast (no GPU call) once the device no longer accepts work.
   result<void> accepting() const { return dev.status(); }
-  /// accepting(), and not_supported on an isolated device: the operations
-  /// other than gemm run in process only for now.
-  result<void> accepting_local(std::string_view op) const {
-    BOOST_OUTCOME_TRY(dev.status());
-    if (remote_id) return isolated_not_supported("blas_actor::" + std::string(op));
-    return outcome::success();
+  /// Isolated devices: the head of a request running `op` on the worker's
+  /// twin of this actor (made there with these options at its first request).
+  wire::actor_head remote_head(wire::actor_op op, dtype t) const {
+    wire::actor_settings s;
+    s.has_streams = remote_streams.has_value() ? 1 : 0;
+    s.streams = static_cast<std::uint8_t>(remote_streams.value_or(stream_policy::pooled));
+    s.flags = static_cast<std::uint8_t>((tf32.load(std::memory_order_relaxed) ? wire::tf32 : 0) |
+                                        (use_lt ? wire::lt_matmul : 0));
+    s.max_lanes = static_cast<std::uint32_t>(remote_max_lanes);
+    s.cache = graph_capacity;
+    return actor_head_of(remote_id, wire::actor_kind::blas, op, t, s);
   }
   /// A new lane: a stream by the lanes' policy, a cuBLAS handle bound to it
   /// (host pointer mode, the current math mode) and, with lt_matmul, a
@@ -751,6 +756,8 @@ result<void> detail::blas_lane::run_recorded(const gemm_key& key, const std::str
 
 namespace {
 
+namespace wire = detail::wire;
+
 // --- gemm, by element type
 
 template <class T>
@@ -866,6 +873,35 @@ asio::awaitable<result<gpu_ref<T>>> remote_gemm(state_ptr st, gemm_params p, gpu
   co_return c;
 }
 
+/// An operation yielding `out`, on an isolated device: one request to the
+/// worker's twin of the actor; `refs` are held until its answer.
+template <class T, class P, class... Refs>
+asio::awaitable<result<gpu_ref<T>>> remote_op(state_ptr st, wire::actor_head h, P params,
+                                              gpu_ref<T> out, Refs... refs) {
+  auto r = co_await detail::remote_actor_call(*st->dev.impl(), h, params, st->how, refs...);
+  if (!r) co_return tag(r.error());
+  co_return out;
+}
+
+/// A reduction on an isolated device: the worker answers with the value.
+/// Refused inside compose() and record(), as in process.
+template <class R, class T, class... Refs>
+asio::awaitable<result<R>> remote_value(state_ptr st, wire::actor_op op, std::string_view name,
+                                        wire::level1_args a, Refs... refs) {
+  if (detail::unit_of(co_await asio::this_coro::executor))
+    co_return tag(make_error(errc::not_supported,
+                             std::string(name) +
+                                 ": yields a host value the GPU computes, known only after its "
+                                 "wait: not available as a step of compose() or record() (await "
+                                 "it alone)"));
+  auto r = co_await detail::remote_actor_call(*st->dev.impl(), st->remote_head(op, dtype_of<T>), a,
+                                              st->how, refs...);
+  if (!r) co_return tag(r.error());
+  auto v = detail::reply_value<R>(r.value(), name);
+  if (!v) co_return tag(v.error());
+  co_return v.value();
+}
+
 template <class T>
 asio::awaitable<result<gpu_ref<T>>> do_gemm(state_ptr st, gemm_params p, gpu_ref<T> a, gpu_ref<T> b,
                                             gpu_ref<T> c) {
@@ -960,7 +996,7 @@ asio::awaitable<result<gpu_ref<T>>> do_gemm_fused(state_ptr st, gemm_params p, g
                                                   gpu_ref<T> a, gpu_ref<T> b, gpu_ref<T> bias,
                                                   gpu_ref<T> c) {
   constexpr std::string_view op = "gemm_fused";
-  if (auto ok = st->accepting_local("gemm_fused"); !ok) co_return tag(ok.error());
+  if (auto ok = st->accepting(); !ok) co_return tag(ok.error());
   auto g = detail::check_gemm_fused(p, e, a.size(), b.size(), bias.size(), c.size());
   if (!g) co_return tag(g.error());
   if (auto ok = check_abc(op, st->dev, a, b, c, g.value()); !ok) co_return tag(ok.error());
@@ -970,6 +1006,11 @@ asio::awaitable<result<gpu_ref<T>>> do_gemm_fused(state_ptr st, gemm_params p, g
     if (auto ok = check_arg(op, "bias", bias, st->dev, m); !ok) co_return tag(ok.error());
     if (auto ok = disjoint(op, "c", c, g.value().c_elems, "bias", bias, m); !ok)
       co_return tag(ok.error());
+  }
+  if (st->remote_id) {
+    auto h = st->remote_head(wire::actor_op::gemm_fused, dtype_of<T>);
+    h.option = static_cast<std::uint32_t>(e);
+    co_return co_await remote_op(st, h, p, c, a, b, c, with_bias ? bias : gpu_ref<T>{});
   }
   auto& lane = st->lane(c.state().get());
   using keep = std::tuple<gpu_ref<T>, gpu_ref<T>, gpu_ref<T>, state_ptr>;
@@ -1013,10 +1054,13 @@ template <class T>
 asio::awaitable<result<gpu_ref<T>>> do_gemm_batched(state_ptr st, gemm_params p, batch_params bp,
                                                     gpu_ref<T> a, gpu_ref<T> b, gpu_ref<T> c) {
   constexpr std::string_view op = "gemm_strided_batched";
-  if (auto ok = st->accepting_local("gemm_strided_batched"); !ok) co_return tag(ok.error());
+  if (auto ok = st->accepting(); !ok) co_return tag(ok.error());
   auto plan = detail::check_gemm_batched(p, bp, a.size(), b.size(), c.size());
   if (!plan) co_return tag(plan.error());
   if (auto ok = check_abc(op, st->dev, a, b, c, plan.value().g); !ok) co_return tag(ok.error());
+  if (st->remote_id)
+    co_return co_await remote_op(st, st->remote_head(wire::actor_op::gemm_batched, dtype_of<T>),
+                                 wire::blas_batched_args{p, bp}, c, a, b, c);
   auto& lane = st->lane(c.state().get());
   using keep = std::tuple<gpu_ref<T>, gpu_ref<T>, state_ptr>;
   co_return co_await run_kernel(k_lib, lane.strm, st->how, c, [&](launch& l) -> result<keep> {
@@ -1113,7 +1157,7 @@ template <class T>
 asio::awaitable<result<gpu_ref<T>>> do_gemv(state_ptr st, gemv_params p, gpu_ref<T> a, gpu_ref<T> x,
                                             gpu_ref<T> y) {
   constexpr std::string_view op = "gemv";
-  if (auto ok = st->accepting_local("gemv"); !ok) co_return tag(ok.error());
+  if (auto ok = st->accepting(); !ok) co_return tag(ok.error());
   auto gr = detail::check_gemv(p, a.size(), x.size(), y.size());
   if (!gr) co_return tag(gr.error());
   const auto& g = gr.value();
@@ -1126,6 +1170,9 @@ asio::awaitable<result<gpu_ref<T>>> do_gemv(state_ptr st, gemv_params p, gpu_ref
     return outcome::success();
   }();
   if (!checked) co_return tag(checked.error());
+  if (st->remote_id)
+    co_return co_await remote_op(st, st->remote_head(wire::actor_op::gemv, dtype_of<T>), p, y, a, x,
+                                 y);
   using keep = std::tuple<gpu_ref<T>, gpu_ref<T>, state_ptr>;
   auto& lane = st->lane(y.state().get());
   co_return co_await run_kernel(k_lib, lane.strm, st->how, y, [&](launch& l) -> result<keep> {
@@ -1148,7 +1195,7 @@ asio::awaitable<result<gpu_ref<T>>> do_axpy(state_ptr st, std::int64_t n, double
                                             gpu_ref<T> x, gpu_ref<T> y, std::int64_t incx,
                                             std::int64_t incy) {
   constexpr std::string_view op = "axpy";
-  if (auto ok = st->accepting_local("axpy"); !ok) co_return tag(ok.error());
+  if (auto ok = st->accepting(); !ok) co_return tag(ok.error());
   auto pr = detail::check_axpy(n, incx, x.size(), incy, y.size());
   if (!pr) co_return tag(pr.error());
   const auto& p = pr.value();
@@ -1159,6 +1206,9 @@ asio::awaitable<result<gpu_ref<T>>> do_axpy(state_ptr st, std::int64_t n, double
     return outcome::success();
   }();
   if (!checked) co_return tag(checked.error());
+  if (st->remote_id)
+    co_return co_await remote_op(st, st->remote_head(wire::actor_op::axpy, dtype_of<T>),
+                                 wire::level1_args{n, alpha, incx, incy}, y, x, y);
   using keep = std::tuple<gpu_ref<T>, state_ptr>;
   auto& lane = st->lane(y.state().get());
   co_return co_await run_kernel(k_lib, lane.strm, st->how, y, [&](launch& l) -> result<keep> {
@@ -1179,11 +1229,14 @@ template <class T>
 asio::awaitable<result<gpu_ref<T>>> do_scal(state_ptr st, std::int64_t n, double alpha,
                                             gpu_ref<T> x, std::int64_t incx) {
   constexpr std::string_view op = "scal";
-  if (auto ok = st->accepting_local("scal"); !ok) co_return tag(ok.error());
+  if (auto ok = st->accepting(); !ok) co_return tag(ok.error());
   auto pr = detail::check_vector_op(op, n, incx, x.size());
   if (!pr) co_return tag(pr.error());
   const auto& p = pr.value();
   if (auto ok = check_arg(op, "x", x, st->dev, p.x_elems); !ok) co_return tag(ok.error());
+  if (st->remote_id)
+    co_return co_await remote_op(st, st->remote_head(wire::actor_op::scal, dtype_of<T>),
+                                 wire::level1_args{n, alpha, incx, 1}, x, x);
   auto& lane = st->lane(x.state().get());
   co_return co_await run_kernel(k_lib, lane.strm, st->how, x, [&](launch& l) -> result<state_ptr> {
     BOOST_OUTCOME_TRY(T * px, l.write(x));
@@ -1248,12 +1301,15 @@ template <class T>
 asio::awaitable<result<T>> do_dot(state_ptr st, std::int64_t n, gpu_ref<T> x, gpu_ref<T> y,
                                   std::int64_t incx, std::int64_t incy) {
   constexpr std::string_view op = "dot";
-  if (auto ok = st->accepting_local("dot"); !ok) co_return tag(ok.error());
+  if (auto ok = st->accepting(); !ok) co_return tag(ok.error());
   auto pr = detail::check_dot(n, incx, x.size(), incy, y.size());
   if (!pr) co_return tag(pr.error());
   const auto p = pr.value();
   if (auto ok = check_arg(op, "x", x, st->dev, p.x_elems); !ok) co_return tag(ok.error());
   if (auto ok = check_arg(op, "y", y, st->dev, p.y_elems); !ok) co_return tag(ok.error());
+  if (st->remote_id)
+    co_return co_await remote_value<T, T>(st, wire::actor_op::dot, op,
+                                          wire::level1_args{n, 0.0, incx, incy}, x, y);
   co_return co_await scalar_op<T>(
       st, level_traits<T>::dot_name, std::tuple{x, y},
       [x, y, p](launch& l) -> result<std::function<cublasStatus_t(cublasHandle_t, T*)>> {
@@ -1278,11 +1334,25 @@ auto do_reduce(state_ptr st, std::int64_t n, gpu_ref<T> x, std::int64_t incx)
   constexpr std::string_view call_name = Red == reduction::nrm2   ? level_traits<T>::nrm2_name
                                          : Red == reduction::asum ? level_traits<T>::asum_name
                                                                   : level_traits<T>::iamax_name;
-  if (auto ok = st->accepting_local(op); !ok) co_return tag(ok.error());
+  if (auto ok = st->accepting(); !ok) co_return tag(ok.error());
   auto pr = detail::check_vector_op(op, n, incx, x.size(), Red == reduction::iamax ? 1 : 0);
   if (!pr) co_return tag(pr.error());
   const auto p = pr.value();
   if (auto ok = check_arg(op, "x", x, st->dev, p.x_elems); !ok) co_return tag(ok.error());
+  if (st->remote_id) {
+    constexpr auto wop = Red == reduction::nrm2   ? wire::actor_op::nrm2
+                         : Red == reduction::asum ? wire::actor_op::asum
+                                                  : wire::actor_op::iamax;
+    const wire::level1_args w{n, 0.0, incx, 1};
+    if constexpr (Red == reduction::iamax) {
+      // The worker's iamax counts from 0; do_iamax takes cuBLAS's count from 1.
+      auto r = co_await remote_value<std::int64_t, T>(st, wop, op, w, x);
+      if (!r) co_return r.error();
+      co_return static_cast<int>(r.value() + 1);
+    } else {
+      co_return co_await remote_value<T, T>(st, wop, op, w, x);
+    }
+  }
   co_return co_await scalar_op<R>(
       st, call_name, x,
       [x, p](launch& l) -> result<std::function<cublasStatus_t(cublasHandle_t, R*)>> {

@@ -1,6 +1,8 @@
 #include <atomr/cuda/cudnn_actor.hpp>
 
 #include "cudnn_graph.hpp"
+#include "device_impl.hpp"
+#include "remote.hpp"
 
 #include <atomr/cuda/cudnn_error.hpp>
 #include <atomr/cuda/detail/remote_ops.hpp>
@@ -466,6 +468,17 @@ struct cudnn_state {
   const stream_policy lane_streams;
   lane_set<cudnn_lane> lanes;
 
+  /// Isolated devices: the actor's id in the worker (whose twin is made with
+  /// `remote` at its first request; docs/design.md, "Isolated device"), and
+  /// what get_stream() answers (there are no lanes here). 0 in process.
+  std::uint64_t remote_id = 0;
+  wire::actor_settings remote;
+  stream remote_stream;
+  ~cudnn_state() {
+    if (remote_id && dev.impl()->remote)
+      dev.impl()->remote->release(wire::release_kind::actor, remote_id);
+  }
+
   /// A new lane: only its stream (the handle is made at its first operation).
   result<std::unique_ptr<cudnn_lane>> make_lane() {
     BOOST_OUTCOME_TRY(auto s, dev.acquire_stream(lane_streams, "cudnn"));
@@ -602,6 +615,19 @@ namespace {
 constexpr float one = 1.0f;
 constexpr float zero = 0.0f;
 
+/// An operation on an isolated device, checked here: one request to the
+/// worker's twin of the actor, `refs` held until its answer; yields `y`.
+template <class T, class P, class... Refs>
+asio::awaitable<result<gpu_ref<T>>> remote_op(std::shared_ptr<cudnn_state> st, wire::actor_op op,
+                                              P params, gpu_ref<T> y, Refs... refs) {
+  auto r = co_await remote_actor_call(
+      *st->dev.impl(),
+      actor_head_of(st->remote_id, wire::actor_kind::cudnn, op, dtype_of<T>, st->remote), params,
+      st->how, refs...);
+  if (!r) co_return r.error();
+  co_return y;
+}
+
 template <element A, element B>
 result<void> not_overlapping(std::string_view op, std::string_view arg, const gpu_ref<A>& out,
                              const gpu_ref<B>& in) {
@@ -636,6 +662,9 @@ asio::awaitable<result<gpu_ref<T>>> conv2d(std::shared_ptr<cudnn_state> st, tens
     BOOST_OUTCOME_CO_TRY(not_overlapping(op, "y", y, bias));
   }
 
+  if (st->remote_id)
+    co_return co_await remote_op(st, wire::actor_op::conv2d, wire::conv_args{xs, p}, y, x, filter,
+                                 bias, y);
   const conv_key shape_key{xs, p, dtype_of<T>, has_bias};
   using keep_t = std::tuple<gpu_ref<T>, gpu_ref<T>, gpu_ref<T>, std::shared_ptr<conv_plan>,
                             gpu_ref<std::uint8_t>, std::shared_ptr<const recorded_exec>,
@@ -710,6 +739,9 @@ asio::awaitable<result<gpu_ref<T>>> activation(std::shared_ptr<cudnn_state> st, 
   BOOST_OUTCOME_CO_TRY(auto elems, check_tensor_shape(op, "shape", s));
   BOOST_OUTCOME_CO_TRY(check_activation(op, p));
   BOOST_OUTCOME_CO_TRY(check_io(op, *st, x, elems, y, elems, true));
+  if (st->remote_id)
+    co_return co_await remote_op(st, wire::actor_op::activation, wire::activation_args{s, p}, y, x,
+                                 y);
   cudnn_lane* lane = &st->lane(y.state().get());
   co_return co_await run_kernel(
       "cudnn", lane->strm, st->how, y,
@@ -758,6 +790,8 @@ asio::awaitable<result<gpu_ref<T>>> softmax(std::shared_ptr<cudnn_state> st, ten
   BOOST_OUTCOME_CO_TRY(auto elems, check_tensor_shape(op, "shape", s));
   BOOST_OUTCOME_CO_TRY(check_softmax(op, a));
   BOOST_OUTCOME_CO_TRY(check_io(op, *st, x, elems, y, elems, false));
+  if (st->remote_id)
+    co_return co_await remote_op(st, wire::actor_op::softmax, wire::softmax_args{s, a}, y, x, y);
   cudnn_lane* lane = &st->lane(y.state().get());
   co_return co_await run_kernel(
       "cudnn", lane->strm, st->how, y,
@@ -784,6 +818,8 @@ asio::awaitable<result<gpu_ref<T>>> pooling(std::shared_ptr<cudnn_state> st, ten
   BOOST_OUTCOME_CO_TRY(st->dev.status());
   BOOST_OUTCOME_CO_TRY(auto ys, check_pooling(op, xs, p));
   BOOST_OUTCOME_CO_TRY(check_io(op, *st, x, xs.elements(), y, ys.elements(), false));
+  if (st->remote_id)
+    co_return co_await remote_op(st, wire::actor_op::pooling, wire::pooling_args{xs, p}, y, x, y);
   cudnn_lane* lane = &st->lane(y.state().get());
   co_return co_await run_kernel(
       "cudnn", lane->strm, st->how, y,
@@ -830,6 +866,9 @@ asio::awaitable<result<gpu_ref<T>>> batchnorm(std::shared_ptr<cudnn_state> st, t
     BOOST_OUTCOME_CO_TRY(check_exact_size(op, name, r->size(), s.c));
     BOOST_OUTCOME_CO_TRY(not_overlapping(op, "y", y, *r));
   }
+  if (st->remote_id)
+    co_return co_await remote_op(st, wire::actor_op::batchnorm, wire::batchnorm_args{s, eps}, y, x,
+                                 scale, bias, mean, var, y);
   using keep_t = std::tuple<gpu_ref<T>, gpu_ref<float>, gpu_ref<float>, gpu_ref<float>,
                             gpu_ref<float>, keep_io>;
   cudnn_lane* lane = &st->lane(y.state().get());
@@ -864,13 +903,27 @@ asio::awaitable<result<gpu_ref<T>>> batchnorm(std::shared_ptr<cudnn_state> st, t
 result<cudnn_actor> cudnn_actor::create(device dev, cudnn_options options) {
   BOOST_OUTCOME_TRY(detail::check_cudnn_options(options));
   BOOST_OUTCOME_TRY(dev.status());
-  if (dev.isolated()) return detail::isolated_not_supported("cudnn_actor");
   if (!dev.options().libraries.cudnn)
     return make_error(errc::not_supported,
                       "cudnn_actor::create: cuDNN is disabled in this device's library_set");
   const completion how = options.how.value_or(dev.options().default_completion);
   const auto lanes = detail::resolve_lanes(options.streams, options.max_lanes, dev.options());
   auto st = std::make_shared<detail::cudnn_state>(dev, how, options, lanes);
+  if (dev.isolated()) {
+    // No lane here: the worker makes the actor's twin at its first request.
+    namespace wire = detail::wire;
+    st->remote_id = dev.impl()->remote->next_id();
+    st->remote_stream = dev.main_stream();
+    auto& r = st->remote;
+    r.has_streams = options.streams.has_value() ? 1 : 0;
+    r.streams = static_cast<std::uint8_t>(options.streams.value_or(stream_policy::pooled));
+    r.flags = options.cuda_graphs ? wire::cuda_graphs : 0;
+    r.variant = static_cast<std::uint8_t>(options.convolution_api);
+    r.max_lanes = static_cast<std::uint32_t>(options.max_lanes);
+    r.cache = options.algo_cache_size;
+    r.limit = options.workspace_limit;
+    return cudnn_actor(std::move(st));
+  }
   BOOST_OUTCOME_TRY(auto first, st->make_lane());
   st->lanes.install_first(std::move(first));
   return cudnn_actor(std::move(st));
@@ -966,6 +1019,7 @@ const device& cudnn_actor::get_device() const noexcept {
   return st_->dev;
 }
 const stream& cudnn_actor::get_stream() const noexcept {
+  if (st_->remote_id) return st_->remote_stream;
   return st_->lanes.first().strm;
 }
 

@@ -1,6 +1,9 @@
 #include <atomr/cuda/fft_actor.hpp>
-#include <atomr/cuda/detail/remote_ops.hpp>
 
+#include "device_impl.hpp"
+#include "remote.hpp"
+
+#include <atomr/cuda/detail/remote_ops.hpp>
 #include <atomr/cuda/run_kernel.hpp>
 
 #include <cufft.h>
@@ -197,6 +200,17 @@ struct fft_state {
   const std::size_t plan_cache_size;  ///< per lane
   const stream_policy lane_streams;
   lane_set<fft_lane> lanes;
+
+  /// Isolated devices: the actor's id in the worker (whose twin is made with
+  /// `remote` at its first request; docs/design.md, "Isolated device"), and
+  /// what get_stream() answers (there are no lanes here). 0 in process.
+  std::uint64_t remote_id = 0;
+  wire::actor_settings remote;
+  stream remote_stream;
+  ~fft_state() {
+    if (remote_id && dev.impl()->remote)
+      dev.impl()->remote->release(wire::release_kind::actor, remote_id);
+  }
 
   /// A new lane: only its stream (plans are made on first use).
   result<std::unique_ptr<fft_lane>> make_lane() {
@@ -431,6 +445,17 @@ asio::awaitable<result<gpu_ref<Out>>> execute(std::shared_ptr<fft_state> st, fft
                                                   ": shape.normalize needs cuBLAS, which this "
                                                   "build does not link");
 #endif
+  if (st->remote_id) {
+    constexpr auto op = tr::kind == fft_kind::c2c   ? wire::actor_op::c2c
+                        : tr::kind == fft_kind::r2c ? wire::actor_op::r2c
+                                                    : wire::actor_op::c2r;
+    auto r = co_await remote_actor_call(
+        *st->dev.impl(),
+        actor_head_of(st->remote_id, wire::actor_kind::fft, op, dtype_of<In>, st->remote), shape,
+        st->how, in, out);
+    if (!r) co_return r.error();
+    co_return out;
+  }
   const auto key = make_plan_key(shape, tr::type);
   const int dir = shape.direction == fft_direction::forward ? CUFFT_FORWARD : CUFFT_INVERSE;
   using keep_t = std::tuple<gpu_ref<In>, std::shared_ptr<fft_plan>, std::shared_ptr<fft_state>>;
@@ -486,13 +511,22 @@ asio::awaitable<result<gpu_ref<Out>>> execute(std::shared_ptr<fft_state> st, fft
 result<fft_actor> fft_actor::create(device dev, fft_options options) {
   BOOST_OUTCOME_TRY(detail::check_fft_options(options));
   BOOST_OUTCOME_TRY(dev.status());
-  if (dev.isolated()) return detail::isolated_not_supported("fft_actor");
   if (!dev.options().libraries.cufft)
     return make_error(errc::not_supported,
                       "fft_actor::create: cuFFT is disabled in this device's library_set");
   const completion how = options.how.value_or(dev.options().default_completion);
   const auto lanes = detail::resolve_lanes(options.streams, options.max_lanes, dev.options());
   auto st = std::make_shared<detail::fft_state>(dev, how, options.plan_cache_size, lanes);
+  if (dev.isolated()) {
+    // No lane here: the worker makes the actor's twin at its first request.
+    st->remote_id = dev.impl()->remote->next_id();
+    st->remote_stream = dev.main_stream();
+    st->remote.has_streams = options.streams.has_value() ? 1 : 0;
+    st->remote.streams = static_cast<std::uint8_t>(options.streams.value_or(stream_policy::pooled));
+    st->remote.max_lanes = static_cast<std::uint32_t>(options.max_lanes);
+    st->remote.cache = options.plan_cache_size;
+    return fft_actor(std::move(st));
+  }
   BOOST_OUTCOME_TRY(auto first, st->make_lane());
   st->lanes.install_first(std::move(first));
   return fft_actor(std::move(st));
@@ -544,6 +578,7 @@ const device& fft_actor::get_device() const noexcept {
   return st_->dev;
 }
 const stream& fft_actor::get_stream() const noexcept {
+  if (st_->remote_id) return st_->remote_stream;
   return st_->lanes.first().strm;
 }
 

@@ -201,9 +201,14 @@ using reply_t = result<std::vector<char>>;
 /// One request's wait: the answer, the timer and the cancellation race for
 /// it; the first one completes the waiter, the others find it done.
 struct call_wait : std::enable_shared_from_this<call_wait> {
-  explicit call_wait(std::shared_ptr<device_impl> d) : dev(std::move(d)) {}
+  explicit call_wait(const std::shared_ptr<device_impl>& d) : dev(d), executor(d->executor) {}
 
-  std::shared_ptr<device_impl> dev;
+  // Weak: a parked request (its waiter gone after a timeout or a
+  // cancellation) must not keep a dropped device, and so its worker, alive
+  // until an answer that may never come. While the waiter waits, its
+  // operation holds the device.
+  std::weak_ptr<device_impl> dev;
+  asio::any_io_executor executor;  // the device's
   // Only a request with a timeout has a timer (and the strand that
   // serialises its start and its cancellation): none on the common path.
   std::optional<asio::strand<asio::any_io_executor>> timer_strand;
@@ -211,33 +216,40 @@ struct call_wait : std::enable_shared_from_this<call_wait> {
   std::mutex mu;
   bool done = false;       // the waiter has been completed
   bool abandoned = false;  // by a timeout or a cancellation: parked until the answer
-  asio::any_completion_handler<void(reply_t)> handler;
+  // Set once by emplace and taken by move construction: Boost 1.81's
+  // any_completion_handler move assignment wraps its argument in another
+  // handler, endlessly (it constructs from an lvalue), and overflows the stack.
+  std::optional<asio::any_completion_handler<void(reply_t)>> handler;
 
   /// `answer`: from the worker (or its end), else the timer or a cancellation.
   void finish(reply_t r, bool answer) {
-    asio::any_completion_handler<void(reply_t)> h;
+    std::optional<asio::any_completion_handler<void(reply_t)>> h;
+    const auto d = dev.lock();
     {
       std::lock_guard lk(mu);
       if (done) {
         if (answer && abandoned) {
           abandoned = false;
-          --dev->parked_count;
+          if (d) --d->parked_count;
         }
         return;
       }
       done = true;
       if (!answer) {
         abandoned = true;
-        ++dev->parked_count;
+        if (d) ++d->parked_count;
       }
-      h = std::move(handler);
+      h.emplace(std::move(*handler));
+      handler.reset();
     }
-    dev->in_flight.add(-1);
-    if (r)
-      dev->completed.add(1);
-    else {
-      dev->failed.add(1);
-      if (r.error().code() == errc::out_of_memory) ++dev->oom;
+    if (d) {
+      d->in_flight.add(-1);
+      if (r)
+        d->completed.add(1);
+      else {
+        d->failed.add(1);
+        if (r.error().code() == errc::out_of_memory) ++d->oom;
+      }
     }
     if (timer)
       asio::post(*timer_strand, [self = shared_from_this()] {
@@ -246,8 +258,8 @@ struct call_wait : std::enable_shared_from_this<call_wait> {
     // Never inline (`finish` runs on the reply reader, the supervisor's
     // strand, a timer or a cancellation): a post to the device's executor,
     // then the waiter's own (inline when it is the same io_context).
-    auto ex = asio::get_associated_executor(h, dev->executor);
-    asio::post(dev->executor, [h = std::move(h), r = std::move(r), ex]() mutable {
+    auto ex = asio::get_associated_executor(*h, executor);
+    asio::post(executor, [h = std::move(*h), r = std::move(r), ex]() mutable {
       asio::dispatch(ex, asio::append(std::move(h), std::move(r)));
     });
   }
@@ -267,7 +279,7 @@ asio::awaitable<result<std::vector<char>>> remote_call(device_impl& d, wire::op_
       [&](auto handler) {
         auto w = std::make_shared<call_wait>(self);
         auto slot = asio::get_associated_cancellation_slot(handler);
-        w->handler = std::move(handler);
+        w->handler.emplace(std::move(handler));
         d.in_flight.add(1);
         if (how.timeout != no_timeout) {
           w->timer_strand.emplace(asio::make_strand(d.executor));
@@ -308,8 +320,8 @@ gpu_error isolated_not_supported(std::string_view what) {
   return make_error(errc::not_supported,
                     std::string(what) +
                         " is not available on an isolated device (docs/design.md, \"Isolated "
-                        "device\": pinned host buffers, run_kernel, recordings and the cuDNN, "
-                        "cuFFT and cuRAND actors run in process only for now)");
+                        "device\": pinned host buffers, run_kernel and recordings run in process "
+                        "only)");
 }
 
 struct remote_staging {

@@ -3,12 +3,14 @@
 // request to the worker. Not installed.
 #pragma once
 
+#include "worker/actor_wire.hpp"
 #include "worker/protocol.hpp"
 
 #include <atomr/cuda/completion.hpp>
 #include <atomr/cuda/detail/worker_supervisor.hpp>
 #include <atomr/cuda/device.hpp>
 #include <atomr/cuda/error.hpp>
+#include <atomr/cuda/gpu_ref.hpp>
 
 #include <boost/asio/awaitable.hpp>
 
@@ -16,10 +18,12 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace atomr::cuda::detail {
@@ -124,5 +128,50 @@ asio::awaitable<result<std::vector<char>>> remote_call(device_impl& d, wire::op_
 
 /// A view's wire form.
 wire::ref_arg ref_of(const buffer_state& st, std::size_t offset, std::size_t count);
+
+/// A view's wire form; handle 0 for an empty gpu_ref (an argument left out).
+template <class T>
+wire::ref_arg view_of(const gpu_ref<T>& r) {
+  return r.state() ? ref_of(*r.state(), r.offset(), r.size()) : wire::ref_arg{};
+}
+
+/// One library-actor operation (worker/actor_wire.hpp) as a request to the
+/// worker of `d`, awaited with `how`'s timeout. The caller's frame holds
+/// `refs` (the operation's gpu_refs) until the answer; they are not kept
+/// with the pending request, which would keep the device (their owner)
+/// alive from its own table. A release after a timeout may reach the worker
+/// before the abandoned request, which then fails with stale_ref: nothing
+/// reads freed memory. Yields the answer's bytes.
+template <class P, class... Refs>
+asio::awaitable<result<std::vector<char>>> remote_actor_call(device_impl& d, wire::actor_head h,
+                                                             const P& params, completion how,
+                                                             const Refs&... refs) {
+  return remote_call(d, wire::op_code::actor, wire::actor_payload(h, params, {view_of(refs)...}),
+                     how, nullptr);
+}
+
+/// The value an answer carries (dot, nrm2, asum, iamax).
+template <class R>
+result<R> reply_value(const std::vector<char>& p, std::string_view op) {
+  if (p.size() != sizeof(R))
+    return make_error(errc::library, std::string(op) + ": the worker's answer has " +
+                                         std::to_string(p.size()) + " bytes, not " +
+                                         std::to_string(sizeof(R)));
+  R v;
+  std::memcpy(&v, p.data(), sizeof v);
+  return v;
+}
+
+/// A request's head for actor `id`.
+inline wire::actor_head actor_head_of(std::uint64_t id, wire::actor_kind k, wire::actor_op op,
+                                      dtype t, const wire::actor_settings& s) {
+  wire::actor_head h;
+  h.actor = id;
+  h.kind = static_cast<std::uint16_t>(k);
+  h.op = static_cast<std::uint16_t>(op);
+  h.type = static_cast<std::uint32_t>(t);
+  h.settings = s;
+  return h;
+}
 
 }  // namespace atomr::cuda::detail

@@ -3,6 +3,8 @@
 
 #include "atomr/cuda/detail/actor_core.hpp"
 #include <atomr/cuda/detail/remote_ops.hpp>
+#include "device_impl.hpp"
+#include "remote.hpp"
 #include "atomr/cuda/run_kernel.hpp"
 
 #include <boost/asio/this_coro.hpp>
@@ -281,6 +283,19 @@ struct rng_state {
   std::uint64_t next = 0;               ///< Philox: the next block's start; seq_mu
   lane_set<rng_lane> lanes;
 
+  /// Isolated devices: the actor's id in the worker (whose twin is made with
+  /// `remote` at its first request; docs/design.md, "Isolated device"), and
+  /// what get_stream() answers (there are no lanes here). 0 in process.
+  /// set_seed and set_offset change `remote` (seed, offset, epoch; seq_mu),
+  /// and the twin applies them at the next request.
+  std::uint64_t remote_id = 0;
+  wire::actor_settings remote;
+  stream remote_stream;
+  ~rng_state() {
+    if (remote_id && dev.impl()->remote)
+      dev.impl()->remote->release(wire::release_kind::actor, remote_id);
+  }
+
   result<void> accepting() const { return dev.status(); }
   /// A new lane: its stream and a generator seeded with the current seed.
   result<std::unique_ptr<rng_lane>> make_lane();
@@ -339,10 +354,16 @@ result<std::shared_ptr<generator>> make_generator(const rng_state& st, const str
 /// Checks `out` and launches `call(gen, ptr, count)` under the lane's lock;
 /// `span`: the positions of the sequence the call uses (rng_sequence_span).
 /// `pre` holds the pure argument checks' verdict, made before this is called.
+/// What an isolated device's worker is asked for: the operation and its numbers.
+struct remote_rng {
+  wire::actor_op op;
+  wire::rng_args args;
+};
+
 template <class T, class Call>
 asio::awaitable<result<gpu_ref<T>>> generate(std::shared_ptr<rng_state> st, std::string_view op,
-                                             gpu_ref<T> out, result<void> pre, Call call,
-                                             std::string_view call_name) {
+                                             gpu_ref<T> out, result<void> pre, remote_rng rop,
+                                             Call call, std::string_view call_name) {
   if (auto ok = st->accepting(); !ok) co_return ok.error().tagged(k_lib);
   if (auto ok = check_ref(op, "out", out, st->dev, 0); !ok) co_return ok.error().tagged(k_lib);
   if (!pre) co_return pre.error().tagged(k_lib);
@@ -353,6 +374,19 @@ asio::awaitable<result<gpu_ref<T>>> generate(std::shared_ptr<rng_state> st, std:
                              "call advances the generator's state on the host); run them "
                              "outside the recording")
         .tagged(k_lib);
+  if (st->remote_id) {
+    wire::actor_settings settings;
+    {
+      std::lock_guard lk(st->seq_mu);
+      settings = st->remote;
+    }
+    auto r = co_await remote_actor_call(
+        *st->dev.impl(),
+        actor_head_of(st->remote_id, wire::actor_kind::rng, rop.op, dtype_of<T>, settings),
+        rop.args, st->how, out);
+    if (!r) co_return r.error();
+    co_return out;
+  }
   auto& lane = st->lane(out.state().get());
   co_return co_await run_kernel(
       k_lib, lane.strm, st->how, out, [&](launch& l) -> result<std::shared_ptr<generator>> {
@@ -442,7 +476,6 @@ result<rng_actor> rng_actor::create(device dev, rng_options options) {
     return detail::bad_argument("rng_actor::create", "dev", "is an empty device handle")
         .tagged(detail::k_lib);
   if (auto ok = dev.status(); !ok) return ok.error().tagged(detail::k_lib);
-  if (dev.isolated()) return detail::isolated_not_supported("rng_actor");
   if (!dev.options().libraries.curand)
     return make_error(errc::not_supported,
                       "rng_actor::create: cuRAND is disabled in this device's options "
@@ -457,6 +490,22 @@ result<rng_actor> rng_actor::create(device dev, rng_options options) {
       dev.options());
   auto st = std::make_shared<detail::rng_state>(dev, options.kind, options.dimensions, how, lanes);
   st->seed = options.seed;
+  if (dev.isolated()) {
+    // No generator here: the worker makes the actor's twin at its first request.
+    namespace wire = detail::wire;
+    st->remote_id = dev.impl()->remote->next_id();
+    st->remote_stream = dev.main_stream();
+    auto& r = st->remote;
+    r.has_streams = options.streams.has_value() ? 1 : 0;
+    r.streams = static_cast<std::uint8_t>(options.streams.value_or(stream_policy::pooled));
+    r.variant = static_cast<std::uint8_t>(options.kind);
+    r.flags = options.seed ? wire::has_seed : 0;
+    r.limit = options.seed.value_or(0);
+    r.offset = options.offset;
+    r.dimensions = options.dimensions;
+    r.max_lanes = static_cast<std::uint32_t>(options.max_lanes);
+    return rng_actor(std::move(st));
+  }
   auto s = dev.acquire_stream(lanes.streams, detail::k_lib);
   if (!s) return s.error().tagged(detail::k_lib);
   auto first = std::make_unique<detail::rng_lane>(std::move(s).value());
@@ -476,7 +525,7 @@ asio::awaitable<result<gpu_ref<float>>> rng_actor::uniform(gpu_ref<float> out) c
   constexpr std::string_view op = "uniform";
   auto pre = detail::check_rng_count(op, st_->kind, st_->dimensions, out.size(), false);
   return detail::generate(
-      st_, op, std::move(out), std::move(pre),
+      st_, op, std::move(out), std::move(pre), {detail::wire::actor_op::uniform, {}},
       [](curandGenerator_t g, float* p, std::size_t n) { return curandGenerateUniform(g, p, n); },
       "curandGenerateUniform");
 }
@@ -485,7 +534,7 @@ asio::awaitable<result<gpu_ref<double>>> rng_actor::uniform(gpu_ref<double> out)
   constexpr std::string_view op = "uniform";
   auto pre = detail::check_rng_count(op, st_->kind, st_->dimensions, out.size(), false);
   return detail::generate(
-      st_, op, std::move(out), std::move(pre),
+      st_, op, std::move(out), std::move(pre), {detail::wire::actor_op::uniform, {}},
       [](curandGenerator_t g, double* p, std::size_t n) {
         return curandGenerateUniformDouble(g, p, n);
       },
@@ -498,7 +547,7 @@ asio::awaitable<result<gpu_ref<float>>> rng_actor::normal(gpu_ref<float> out, fl
   result<void> pre = detail::check_rng_normal(op, mean, stddev);
   if (pre) pre = detail::check_rng_count(op, st_->kind, st_->dimensions, out.size(), true);
   return detail::generate(
-      st_, op, std::move(out), std::move(pre),
+      st_, op, std::move(out), std::move(pre), {detail::wire::actor_op::normal, {mean, stddev}},
       [mean, stddev](curandGenerator_t g, float* p, std::size_t n) {
         return curandGenerateNormal(g, p, n, mean, stddev);
       },
@@ -511,7 +560,7 @@ asio::awaitable<result<gpu_ref<double>>> rng_actor::normal(gpu_ref<double> out, 
   result<void> pre = detail::check_rng_normal(op, mean, stddev);
   if (pre) pre = detail::check_rng_count(op, st_->kind, st_->dimensions, out.size(), true);
   return detail::generate(
-      st_, op, std::move(out), std::move(pre),
+      st_, op, std::move(out), std::move(pre), {detail::wire::actor_op::normal, {mean, stddev}},
       [mean, stddev](curandGenerator_t g, double* p, std::size_t n) {
         return curandGenerateNormalDouble(g, p, n, mean, stddev);
       },
@@ -524,7 +573,7 @@ asio::awaitable<result<gpu_ref<float>>> rng_actor::log_normal(gpu_ref<float> out
   result<void> pre = detail::check_rng_normal(op, mean, stddev);
   if (pre) pre = detail::check_rng_count(op, st_->kind, st_->dimensions, out.size(), true);
   return detail::generate(
-      st_, op, std::move(out), std::move(pre),
+      st_, op, std::move(out), std::move(pre), {detail::wire::actor_op::log_normal, {mean, stddev}},
       [mean, stddev](curandGenerator_t g, float* p, std::size_t n) {
         return curandGenerateLogNormal(g, p, n, mean, stddev);
       },
@@ -537,7 +586,7 @@ asio::awaitable<result<gpu_ref<double>>> rng_actor::log_normal(gpu_ref<double> o
   result<void> pre = detail::check_rng_normal(op, mean, stddev);
   if (pre) pre = detail::check_rng_count(op, st_->kind, st_->dimensions, out.size(), true);
   return detail::generate(
-      st_, op, std::move(out), std::move(pre),
+      st_, op, std::move(out), std::move(pre), {detail::wire::actor_op::log_normal, {mean, stddev}},
       [mean, stddev](curandGenerator_t g, double* p, std::size_t n) {
         return curandGenerateLogNormalDouble(g, p, n, mean, stddev);
       },
@@ -550,7 +599,7 @@ asio::awaitable<result<gpu_ref<std::uint32_t>>> rng_actor::poisson(gpu_ref<std::
   result<void> pre = detail::check_rng_lambda(op, lambda);
   if (pre) pre = detail::check_rng_count(op, st_->kind, st_->dimensions, out.size(), false);
   return detail::generate(
-      st_, op, std::move(out), std::move(pre),
+      st_, op, std::move(out), std::move(pre), {detail::wire::actor_op::poisson, {lambda, 0.0}},
       [lambda](curandGenerator_t g, std::uint32_t* p, std::size_t n) {
         return curandGeneratePoisson(g, p, n, lambda);
       },
@@ -562,7 +611,7 @@ asio::awaitable<result<gpu_ref<std::uint32_t>>> rng_actor::raw(gpu_ref<std::uint
   result<void> pre = detail::check_rng_raw_bits(op, st_->kind, 32);
   if (pre) pre = detail::check_rng_count(op, st_->kind, st_->dimensions, out.size(), false);
   return detail::generate(
-      st_, op, std::move(out), std::move(pre),
+      st_, op, std::move(out), std::move(pre), {detail::wire::actor_op::raw, {}},
       [](curandGenerator_t g, std::uint32_t* p, std::size_t n) { return curandGenerate(g, p, n); },
       "curandGenerate");
 }
@@ -573,7 +622,7 @@ asio::awaitable<result<gpu_ref<std::uint64_t>>> rng_actor::raw(gpu_ref<std::uint
   if (pre) pre = detail::check_rng_count(op, st_->kind, st_->dimensions, out.size(), false);
   static_assert(sizeof(unsigned long long) == sizeof(std::uint64_t));
   return detail::generate(
-      st_, op, std::move(out), std::move(pre),
+      st_, op, std::move(out), std::move(pre), {detail::wire::actor_op::raw, {}},
       [](curandGenerator_t g, std::uint64_t* p, std::size_t n) {
         return curandGenerateLongLong(g, reinterpret_cast<unsigned long long*>(p), n);
       },
@@ -583,6 +632,15 @@ asio::awaitable<result<gpu_ref<std::uint64_t>>> rng_actor::raw(gpu_ref<std::uint
 result<void> rng_actor::set_seed(std::uint64_t seed) const {
   if (auto ok = st_->accepting(); !ok) return ok.error().tagged(detail::k_lib);
   if (auto ok = detail::check_rng_seed(st_->kind); !ok) return ok.error().tagged(detail::k_lib);
+  if (st_->remote_id) {  // the worker's twin is reseeded at the next request
+    std::lock_guard lk(st_->seq_mu);
+    st_->seed = seed;
+    st_->remote.flags |= detail::wire::has_seed;
+    st_->remote.limit = seed;
+    st_->remote.offset = 0;
+    ++st_->remote.epoch;
+    return outcome::success();
+  }
   if (st_->blocks) {
     // Each lane's generator is reseeded at its next generation (epoch).
     std::lock_guard lk(st_->seq_mu);
@@ -610,6 +668,12 @@ result<void> rng_actor::set_offset(std::uint64_t offset) const {
   if (auto ok = st_->accepting(); !ok) return ok.error().tagged(detail::k_lib);
   if (auto ok = detail::check_rng_offset(st_->kind, offset); !ok)
     return ok.error().tagged(detail::k_lib);
+  if (st_->remote_id) {  // the worker's twin moves there at the next request
+    std::lock_guard lk(st_->seq_mu);
+    st_->remote.offset = offset;
+    ++st_->remote.epoch;
+    return outcome::success();
+  }
   if (st_->blocks) {
     // Each lane takes a new block at its next generation (epoch).
     std::lock_guard lk(st_->seq_mu);
@@ -649,6 +713,7 @@ const device& rng_actor::get_device() const noexcept {
   return st_->dev;
 }
 const stream& rng_actor::get_stream() const noexcept {
+  if (st_->remote_id) return st_->remote_stream;
   return st_->lanes.first().strm;
 }
 const completion& rng_actor::how() const noexcept {

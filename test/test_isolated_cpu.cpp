@@ -102,8 +102,8 @@ TEST_CASE_FIXTURE(iso_fixture, "isolated device: options out of range are refuse
 }
 
 TEST_CASE_FIXTURE(iso_fixture,
-                  "isolated device while its worker starts: bad input fails before anything is "
-                  "sent; run_kernel, pinned buffers, recordings and the other actors are "
+                  "isolated device while its worker starts: bad input to every actor fails "
+                  "before anything is sent; run_kernel, pinned buffers and recordings are "
                   "not_supported") {
   const auto script = silent_worker();
   auto o = options({});
@@ -136,9 +136,69 @@ TEST_CASE_FIXTURE(iso_fixture,
     CHECK(g.error().code() == errc::invalid_argument);
     CHECK(dev.statistics().worker_calls_pending == 0);  // nothing was sent
 
+    // Every actor exists on an isolated device, and checks its arguments here.
     auto fused = run(blas.gemm_fused(p, gemm_epilogue::relu, x, y, {}, x));
     REQUIRE_FALSE(fused);
-    CHECK(fused.error().code() == errc::not_supported);
+    CHECK(fused.error().code() == errc::invalid_argument);
+    CHECK(fused.error().message().find("lda") != std::string::npos);
+    auto dot = run(blas.dot(65, x, y));  // more elements than x holds
+    REQUIRE_FALSE(dot);
+    CHECK(dot.error().code() == errc::invalid_argument);
+    auto ax = run(blas.axpy(64, 2.0, x, x));  // y aliases x
+    REQUIRE_FALSE(ax);
+    CHECK(ax.error().code() == errc::invalid_argument);
+#if ATOMR_CUDA_HAS_CUDNN
+    auto dnn = cudnn_actor::create(dev);
+    REQUIRE(dnn);
+    auto act = run(dnn.value().activation_forward(tensor_shape{1, 1, 8, 9}, {}, x, y));  // 72 != 64
+    REQUIRE_FALSE(act);
+    CHECK(act.error().code() == errc::invalid_argument);
+    pooling_params pool;
+    pool.window_h = 0;
+    auto pl = run(dnn.value().pooling_forward(tensor_shape{1, 1, 8, 8}, pool, x, y));
+    REQUIRE_FALSE(pl);
+    CHECK(pl.error().code() == errc::invalid_argument);
+#endif
+#if ATOMR_CUDA_HAS_CUFFT
+    auto fft = fft_actor::create(dev);
+    REQUIRE(fft);
+    auto zin = dev.allocate<fft_actor::c32>(8).value();
+    auto zout = dev.allocate<fft_actor::c32>(8).value();
+    fft_shape fs;
+    fs.dims = {16, 1, 1};  // 16 points into 8 elements
+    auto f = run(fft.value().c2c(fs, zin, zout));
+    REQUIRE_FALSE(f);
+    CHECK(f.error().code() == errc::invalid_argument);
+    fs.dims = {8, 1, 1};
+    fs.direction = fft_direction::inverse;
+    auto rc = run(fft.value().r2c(fs, x, zout));  // r2c must be forward
+    REQUIRE_FALSE(rc);
+    CHECK(rc.error().code() == errc::invalid_argument);
+#endif
+#if ATOMR_CUDA_HAS_CURAND
+    auto rng = rng_actor::create(dev, {.seed = 7});
+    REQUIRE(rng);
+    auto nrm = run(rng.value().normal(x, 0.0f, -1.0f));
+    REQUIRE_FALSE(nrm);
+    CHECK(nrm.error().code() == errc::invalid_argument);
+    CHECK(rng.value().set_seed(9));
+    auto sobol = rng_actor::create(dev, {.kind = rng_kind::sobol32});
+    REQUIRE(sobol);
+    auto seeded = sobol.value().set_seed(1);  // a quasi-random generator has no seed
+    REQUIRE_FALSE(seeded);
+    CHECK(seeded.error().code() == errc::invalid_argument);
+#endif
+    CHECK(dev.statistics().worker_calls_pending == 0);  // nothing was sent
+
+    // A good one is held for the worker (which never answers here) and ends
+    // with its completion's timeout; its buffers are released after it.
+    completion soon;
+    soon.timeout = 100ms;
+    auto timed = blas_actor::create(dev, {.how = soon}).value();
+    auto held = run(timed.scal(64, 2.0, x));
+    REQUIRE_FALSE(held);
+    CHECK(held.error().code() == errc::timeout);
+    CHECK(dev.statistics().worker_calls_pending == 1);
     auto k = run(run_kernel("test", dev.main_stream(), event_poll{}, x,
                             [](launch&) { return std::tuple<>{}; }));
     REQUIRE_FALSE(k);
@@ -147,11 +207,6 @@ TEST_CASE_FIXTURE(iso_fixture,
     auto pinned = dev.allocate_pinned<float>(16);
     REQUIRE_FALSE(pinned);
     CHECK(pinned.error().code() == errc::not_supported);
-#if ATOMR_CUDA_HAS_CUDNN
-    auto dnn = cudnn_actor::create(dev);
-    REQUIRE_FALSE(dnn);
-    CHECK(dnn.error().code() == errc::not_supported);
-#endif
     auto rec = run(record(dev, fill_bytes(x, 0)));
     REQUIRE_FALSE(rec);
     CHECK(rec.error().code() == errc::not_supported);

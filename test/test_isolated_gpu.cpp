@@ -21,6 +21,9 @@
 #include <atomic>
 #include <cerrno>
 #include <chrono>
+#include <span>
+#include <complex>
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -224,6 +227,324 @@ TEST_CASE_FIXTURE(iso,
   CHECK(s.ops_failed == 0);
   CHECK(s.total_bytes > 0);
   CHECK(s.parked == 0);
+}
+
+TEST_CASE_FIXTURE(iso,
+                  "isolated: every actor's operations run in the worker and match a "
+                  "double-precision reference") {
+  open();
+  auto up = [&](const auto& host, auto ref) { REQUIRE(run(upload(host, ref))); };
+  auto down = [&](auto ref, auto& host) {
+    REQUIRE(run(download(ref, std::span(host.data(), host.size()))));
+  };
+  auto blas = blas_actor::create(dev).value();
+
+  SUBCASE("blas: gemm_fused (bias_relu), strided batches, gemv, level 1") {
+    const int m = 40, nn = 24, k = 32;
+    const auto a = random_floats(m * k, 11), b = random_floats(k * nn, 12);
+    const auto bias = random_floats(m, 13);
+    auto ga = dev.allocate<float>(a.size()).value();
+    auto gb = dev.allocate<float>(b.size()).value();
+    auto gbias = dev.allocate<float>(bias.size()).value();
+    auto gc = dev.allocate<float>(m * nn).value();
+    up(a, ga);
+    up(b, gb);
+    up(bias, gbias);
+    gemm_params p;
+    p.m = m;
+    p.n = nn;
+    p.k = k;
+    auto f = run(blas.gemm_fused(p, gemm_epilogue::bias_relu, ga, gb, gbias, gc));
+    REQUIRE_MESSAGE(f, (f ? "" : f.error().message()));
+    std::vector<float> c(m * nn);
+    down(gc, c);
+    double worst = 0;
+    for (int col = 0; col < nn; ++col)
+      for (int row = 0; row < m; ++row) {
+        double ref = bias[row];
+        for (int i = 0; i < k; ++i) ref += double(a[i * m + row]) * b[col * k + i];
+        worst = std::max(worst, std::abs(c[col * m + row] - std::max(ref, 0.0)));
+      }
+    CHECK(worst < 1e-4);
+
+    // Three batches of 16 x 16.
+    const int s = 16, count = 3;
+    const auto ba = random_floats(s * s * count, 21), bb = random_floats(s * s * count, 22);
+    auto xa = dev.allocate<float>(ba.size()).value();
+    auto xb = dev.allocate<float>(bb.size()).value();
+    auto xc = dev.allocate<float>(ba.size()).value();
+    up(ba, xa);
+    up(bb, xb);
+    gemm_params q;
+    q.m = q.n = q.k = s;
+    batch_params bp;
+    bp.count = count;
+    REQUIRE(run(blas.gemm_strided_batched(q, bp, xa, xb, xc)));
+    std::vector<float> bc(ba.size());
+    down(xc, bc);
+    worst = 0;
+    for (int t = 0; t < count; ++t)
+      for (int col = 0; col < s; ++col)
+        for (int row = 0; row < s; ++row) {
+          double ref = 0;
+          for (int i = 0; i < s; ++i)
+            ref += double(ba[t * s * s + i * s + row]) * bb[t * s * s + col * s + i];
+          worst = std::max(worst, std::abs(bc[t * s * s + col * s + row] - ref));
+        }
+    CHECK(worst < 1e-4);
+
+    // f64 gemv and level 1: exact to rounding.
+    std::vector<double> A(m * nn), x(nn), y(m);
+    for (int i = 0; i < m * nn; ++i) A[i] = std::sin(0.3 * i);
+    for (int i = 0; i < nn; ++i) x[i] = std::cos(0.2 * i) - 0.25;
+    auto gA = dev.allocate<double>(A.size()).value();
+    auto gx = dev.allocate<double>(x.size()).value();
+    auto gy = dev.allocate<double>(y.size()).value();
+    up(A, gA);
+    up(x, gx);
+    gemv_params gp;
+    gp.m = m;
+    gp.n = nn;
+    REQUIRE(run(blas.gemv(gp, gA, gx, gy)));
+    down(gy, y);
+    std::vector<double> yref(m, 0.0);
+    for (int col = 0; col < nn; ++col)
+      for (int row = 0; row < m; ++row) yref[row] += A[col * m + row] * x[col];
+    worst = 0;
+    for (int row = 0; row < m; ++row) worst = std::max(worst, std::abs(y[row] - yref[row]));
+    CHECK(worst < 1e-12);
+
+    auto gx2 = dev.allocate<double>(x.size()).value();
+    up(x, gx2);
+    REQUIRE(run(blas.axpy(nn, 2.5, gx, gx2)));  // gx2 = 2.5 x + x = 3.5 x
+    REQUIRE(run(blas.scal(nn, -2.0, gx2)));     // -7 x
+    std::vector<double> x2(nn);
+    down(gx2, x2);
+    worst = 0;
+    for (int i = 0; i < nn; ++i) worst = std::max(worst, std::abs(x2[i] + 7.0 * x[i]));
+    CHECK(worst < 1e-12);
+    double dref = 0, nref = 0, aref = 0;
+    std::int64_t best = 0;
+    for (int i = 0; i < nn; ++i) {
+      dref += x[i] * x2[i];
+      nref += x[i] * x[i];
+      aref += std::abs(x[i]);
+      if (std::abs(x2[i]) > std::abs(x2[best])) best = i;
+    }
+    auto d = run(blas.dot(nn, gx, gx2));
+    REQUIRE(d);
+    CHECK(std::abs(d.value() - dref) < 1e-10);
+    auto nr = run(blas.nrm2(nn, gx));
+    REQUIRE(nr);
+    CHECK(std::abs(nr.value() - std::sqrt(nref)) < 1e-12);
+    auto as = run(blas.asum(nn, gx));
+    REQUIRE(as);
+    CHECK(std::abs(as.value() - aref) < 1e-12);
+    auto im = run(blas.iamax(nn, gx2));
+    REQUIRE(im);
+    CHECK(im.value() == best);
+  }
+
+#if ATOMR_CUDA_HAS_CUFFT
+  SUBCASE("fft: c2c against a double DFT; r2c then normalised c2r gives the input back") {
+    auto fft = fft_actor::create(dev).value();
+    using c32 = fft_actor::c32;
+    const int pts = 64;
+    std::vector<c32> in(pts);
+    const auto re = random_floats(pts, 31), im = random_floats(pts, 32);
+    for (int i = 0; i < pts; ++i) in[i] = {re[i], im[i]};
+    auto gin = dev.allocate<c32>(pts).value();
+    auto gout = dev.allocate<c32>(pts).value();
+    up(in, gin);
+    fft_shape sh;
+    sh.dims = {pts, 1, 1};
+    auto r = run(fft.c2c(sh, gin, gout));
+    REQUIRE_MESSAGE(r, (r ? "" : r.error().message()));
+    std::vector<c32> out(pts);
+    down(gout, out);
+    double worst = 0;
+    for (int f = 0; f < pts; ++f) {
+      std::complex<double> acc = 0;
+      for (int t = 0; t < pts; ++t)
+        acc += std::complex<double>(in[t]) * std::polar(1.0, -2.0 * M_PI * f * t / pts);
+      worst = std::max(worst, std::abs(acc - std::complex<double>(out[f])));
+    }
+    CHECK(worst < 1e-4);
+
+    const auto real = random_floats(pts, 33);
+    auto greal = dev.allocate<float>(pts).value();
+    auto ghalf = dev.allocate<c32>(pts / 2 + 1).value();
+    auto gback = dev.allocate<float>(pts).value();
+    up(real, greal);
+    REQUIRE(run(fft.r2c(sh, greal, ghalf)));
+    sh.direction = fft_direction::inverse;
+    sh.normalize = true;
+    REQUIRE(run(fft.c2r(sh, ghalf, gback)));
+    std::vector<float> back(pts);
+    down(gback, back);
+    worst = 0;
+    for (int i = 0; i < pts; ++i) worst = std::max(worst, double(std::abs(back[i] - real[i])));
+    CHECK(worst < 1e-5);
+  }
+#endif
+
+#if ATOMR_CUDA_HAS_CUDNN
+  SUBCASE("cudnn: conv2d with bias, relu, max pooling, softmax, batchnorm") {
+    auto dnn = cudnn_actor::create(dev).value();
+    const tensor_shape xs{2, 3, 8, 8};
+    conv2d_params cp;
+    cp.out_channels = 4;
+    cp.filter_h = cp.filter_w = 3;
+    cp.pad_h = cp.pad_w = 1;
+    const auto x = random_floats(2 * 3 * 8 * 8, 41), w = random_floats(4 * 3 * 3 * 3, 42);
+    const auto bias = random_floats(4, 43);
+    auto gx = dev.allocate<float>(x.size()).value();
+    auto gw = dev.allocate<float>(w.size()).value();
+    auto gbias = dev.allocate<float>(bias.size()).value();
+    auto gy = dev.allocate<float>(2 * 4 * 8 * 8).value();
+    up(x, gx);
+    up(w, gw);
+    up(bias, gbias);
+    auto cr = run(dnn.conv2d_forward(xs, cp, gx, gw, gbias, gy));
+    REQUIRE_MESSAGE(cr, (cr ? "" : cr.error().message()));
+    std::vector<float> y(2 * 4 * 8 * 8);
+    down(gy, y);
+    auto X = [&](int n_, int c, int h, int w_) {
+      if (h < 0 || h >= 8 || w_ < 0 || w_ >= 8) return 0.0;
+      return double(x[((n_ * 3 + c) * 8 + h) * 8 + w_]);
+    };
+    double worst = 0;
+    for (int n_ = 0; n_ < 2; ++n_)
+      for (int k = 0; k < 4; ++k)
+        for (int h = 0; h < 8; ++h)
+          for (int w_ = 0; w_ < 8; ++w_) {
+            double ref = bias[k];
+            for (int c = 0; c < 3; ++c)
+              for (int r = 0; r < 3; ++r)
+                for (int s2 = 0; s2 < 3; ++s2)
+                  ref += X(n_, c, h - 1 + r, w_ - 1 + s2) * w[((k * 3 + c) * 3 + r) * 3 + s2];
+            worst = std::max(worst, std::abs(y[((n_ * 4 + k) * 8 + h) * 8 + w_] - ref));
+          }
+    CHECK(worst < 1e-4);
+
+    const tensor_shape ys{2, 4, 8, 8};
+    auto gr = dev.allocate<float>(y.size()).value();
+    REQUIRE(run(dnn.activation_forward(ys, {}, gy, gr)));
+    std::vector<float> relu(y.size());
+    down(gr, relu);
+    bool relu_ok = true;
+    for (std::size_t i = 0; i < y.size(); ++i) relu_ok &= relu[i] == std::max(y[i], 0.0f);
+    CHECK(relu_ok);
+
+    auto gp = dev.allocate<float>(2 * 4 * 4 * 4).value();
+    REQUIRE(run(dnn.pooling_forward(ys, {}, gr, gp)));  // max, 2 x 2, stride 2
+    std::vector<float> pooled(2 * 4 * 4 * 4);
+    down(gp, pooled);
+    bool pool_ok = true;
+    for (int nc = 0; nc < 8; ++nc)
+      for (int h = 0; h < 4; ++h)
+        for (int w_ = 0; w_ < 4; ++w_) {
+          float mx = -1e30f;
+          for (int r = 0; r < 2; ++r)
+            for (int s2 = 0; s2 < 2; ++s2)
+              mx = std::max(mx, relu[(nc * 8 + 2 * h + r) * 8 + 2 * w_ + s2]);
+          pool_ok &= pooled[(nc * 4 + h) * 4 + w_] == mx;
+        }
+    CHECK(pool_ok);
+
+    auto gs = dev.allocate<float>(y.size()).value();
+    REQUIRE(run(dnn.softmax_forward(ys, softmax_algorithm::accurate, gy, gs)));
+    std::vector<float> sm(y.size());
+    down(gs, sm);
+    worst = 0;
+    for (int n_ = 0; n_ < 2; ++n_)
+      for (int hw = 0; hw < 64; ++hw) {
+        double mx = -1e30, sum = 0;
+        for (int k = 0; k < 4; ++k) mx = std::max(mx, double(y[(n_ * 4 + k) * 64 + hw]));
+        for (int k = 0; k < 4; ++k) sum += std::exp(y[(n_ * 4 + k) * 64 + hw] - mx);
+        for (int k = 0; k < 4; ++k) {
+          const double ref = std::exp(y[(n_ * 4 + k) * 64 + hw] - mx) / sum;
+          worst = std::max(worst, std::abs(sm[(n_ * 4 + k) * 64 + hw] - ref));
+        }
+      }
+    CHECK(worst < 1e-6);
+
+    std::vector<float> scale = {1.5f, -0.5f, 2.0f, 1.0f}, shift = {0.1f, 0.2f, -0.3f, 0.0f},
+                       mean = {0.5f, -0.25f, 0.0f, 1.0f}, var = {1.0f, 4.0f, 0.25f, 2.0f};
+    auto g1 = dev.allocate<float>(4).value();
+    auto g2 = dev.allocate<float>(4).value();
+    auto g3 = dev.allocate<float>(4).value();
+    auto g4 = dev.allocate<float>(4).value();
+    up(scale, g1);
+    up(shift, g2);
+    up(mean, g3);
+    up(var, g4);
+    auto gbn = dev.allocate<float>(y.size()).value();
+    const double eps = 1e-5;
+    REQUIRE(run(dnn.batchnorm_inference(ys, eps, gy, g1, g2, g3, g4, gbn)));
+    std::vector<float> bn(y.size());
+    down(gbn, bn);
+    worst = 0;
+    for (int n_ = 0; n_ < 2; ++n_)
+      for (int k = 0; k < 4; ++k)
+        for (int hw = 0; hw < 64; ++hw) {
+          const std::size_t i = (n_ * 4 + k) * 64 + hw;
+          const double ref = scale[k] * (y[i] - mean[k]) / std::sqrt(var[k] + eps) + shift[k];
+          worst = std::max(worst, std::abs(bn[i] - ref));
+        }
+    CHECK(worst < 1e-5);
+  }
+#endif
+
+#if ATOMR_CUDA_HAS_CURAND
+  SUBCASE("rng: uniform and normal statistics; set_seed repeats the sequence; poisson's mean") {
+    auto rng = rng_actor::create(dev, {.seed = 1234, .max_lanes = 1}).value();
+    const std::size_t cnt = 1 << 16;
+    auto g = dev.allocate<float>(cnt).value();
+    REQUIRE(run(rng.uniform(g)));
+    std::vector<float> u1(cnt), u2(cnt);
+    down(g, u1);
+    double sum = 0;
+    bool in_range = true;
+    for (float v : u1) {
+      sum += v;
+      in_range &= v > 0.0f && v <= 1.0f;
+    }
+    CHECK(in_range);
+    CHECK(std::abs(sum / cnt - 0.5) < 0.01);
+    REQUIRE(rng.set_seed(1234));  // the same seed: the same numbers again
+    REQUIRE(run(rng.uniform(g)));
+    down(g, u2);
+    CHECK(u1 == u2);
+    REQUIRE(rng.set_seed(99));
+    REQUIRE(run(rng.uniform(g)));
+    down(g, u2);
+    CHECK(u1 != u2);
+
+    REQUIRE(run(rng.normal(g, 3.0f, 2.0f)));
+    down(g, u1);
+    double m1 = 0, m2 = 0;
+    for (float v : u1) m1 += v;
+    m1 /= cnt;
+    for (float v : u1) m2 += (v - m1) * (v - m1);
+    CHECK(std::abs(m1 - 3.0) < 0.05);
+    CHECK(std::abs(std::sqrt(m2 / cnt) - 2.0) < 0.05);
+
+    auto gp = dev.allocate<std::uint32_t>(cnt).value();
+    REQUIRE(run(rng.poisson(gp, 6.5)));
+    std::vector<std::uint32_t> pv(cnt);
+    down(gp, pv);
+    double pm = 0;
+    for (auto v : pv) pm += v;
+    CHECK(std::abs(pm / cnt - 6.5) < 0.1);
+  }
+#endif
+
+  const auto st = dev.statistics();
+  CHECK(st.ops_failed == 0);
+  CHECK(st.worker_calls_pending == 0);
+  CHECK(st.parked == 0);
+  CHECK(st.worker_restarts == 0);
 }
 
 TEST_CASE_FIXTURE(iso, "isolated: bad input is refused in the service, before anything is sent") {

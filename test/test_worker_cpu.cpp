@@ -6,6 +6,7 @@
 
 #include <atomr/cuda/detail/worker_supervisor.hpp>
 
+#include "../lib/worker/actor_wire.hpp"
 #include "../lib/worker/protocol.hpp"
 #include "../lib/worker/ring.hpp"
 #include <doctest/doctest.h>
@@ -14,6 +15,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <array>
 #include <cerrno>
 #include <chrono>
 #include <cstdlib>
@@ -472,6 +474,96 @@ TEST_CASE(
   CHECK(took < 2s);
   CHECK(q.pop(m));
   std::free(base);
+}
+
+TEST_CASE(
+    "actor requests: the payload carries head, parameters and views; malformed ones are "
+    "refused by size") {
+  wire::actor_head h;
+  h.actor = 42;
+  h.kind = static_cast<std::uint16_t>(wire::actor_kind::cudnn);
+  h.op = static_cast<std::uint16_t>(wire::actor_op::batchnorm);
+  h.type = static_cast<std::uint32_t>(dtype::f16);
+  h.settings.limit = 123456;
+  h.settings.epoch = 3;
+  wire::batchnorm_args a;
+  a.shape = tensor_shape{2, 3, 4, 5, tensor_layout::nhwc};
+  a.epsilon = 1e-3;
+  const std::vector<wire::ref_arg> refs = {{1, 0, 120}, {2, 0, 3}, {3, 0, 3},
+                                           {4, 1, 3},   {5, 2, 3}, {6, 0, 120}};
+  const auto payload =
+      wire::actor_payload(h, a, {refs[0], refs[1], refs[2], refs[3], refs[4], refs[5]});
+  CHECK(payload.size() == sizeof(wire::actor_head) + sizeof a + 6 * sizeof(wire::ref_arg));
+  std::vector<char> bytes(payload.begin(), payload.end());
+  wire::actor_request q;
+  REQUIRE(wire::parse_actor(bytes, q));
+  CHECK(q.head.actor == 42);
+  CHECK(q.head.op == static_cast<std::uint16_t>(wire::actor_op::batchnorm));
+  CHECK(q.head.type == static_cast<std::uint32_t>(dtype::f16));
+  CHECK(q.head.settings.limit == 123456);
+  CHECK(q.head.settings.epoch == 3);
+  wire::batchnorm_args back;
+  REQUIRE(q.params_as(back));
+  CHECK(back.shape == a.shape);
+  CHECK(back.epsilon == a.epsilon);
+  wire::conv_args wrong;
+  CHECK_FALSE(q.params_as(wrong));  // another operation's parameter block
+  REQUIRE(q.refs.size() == 6);
+  for (std::size_t i = 0; i < refs.size(); ++i) {
+    CHECK(q.refs[i].handle == refs[i].handle);
+    CHECK(q.refs[i].offset == refs[i].offset);
+    CHECK(q.refs[i].count == refs[i].count);
+  }
+  auto cut = bytes;
+  cut.pop_back();
+  CHECK_FALSE(wire::parse_actor(cut, q));
+  auto longer = bytes;
+  longer.push_back(0);
+  CHECK_FALSE(wire::parse_actor(longer, q));
+  CHECK_FALSE(wire::parse_actor(std::vector<char>(10), q));
+  // The small operations fit a ring slot (no socket round trip).
+  wire::level1_args l1;
+  CHECK(wire::actor_payload(h, l1, {refs[0], refs[1]}).size() <= wire::ring_payload);
+  CHECK(wire::actor_payload(h, gemv_params{}, {refs[0], refs[1], refs[2]}).size() <=
+        wire::ring_payload);
+  CHECK(wire::actor_payload(h, fft_shape{}, {refs[0], refs[1]}).size() <= wire::ring_payload);
+  // gemm_fused with a bias: four views (the epilogue travels in the head).
+  CHECK(wire::actor_payload(h, gemm_params{}, {refs[0], refs[1], refs[2], refs[3]}).size() <=
+        wire::ring_payload);
+}
+
+TEST_CASE_FIXTURE(worker_fixture,
+                  "worker: actor requests reach the worker through the rings and the socket; a "
+                  "malformed one is answered invalid_argument") {
+  auto o = options();
+  o.arena_bytes = std::size_t{4} << 20;
+  auto w = start(o);
+  REQUIRE(run_until([&] { return running_incarnation(w, 1); }));
+  wire::actor_head h;
+  h.actor = 7;
+  h.kind = static_cast<std::uint16_t>(wire::actor_kind::blas);
+  h.op = static_cast<std::uint16_t>(wire::actor_op::dot);
+  h.type = static_cast<std::uint32_t>(dtype::f32);
+  const auto good =
+      wire::actor_payload(h, wire::level1_args{16, 0.0, 1, 1}, {{1, 0, 16}, {2, 0, 16}});
+  const auto big = wire::actor_payload(h, std::array<char, 300>{}, {});  // over a slot: socket
+  const auto deadline = std::chrono::steady_clock::now() + 60s;
+  answers fine, bad;
+  const auto op = static_cast<std::uint16_t>(wire::op_code::actor);
+  w->call(op, good, deadline, 0, fine.fn());
+  w->call(op, big, deadline, 0, fine.fn());
+  w->call(op, good.substr(0, good.size() - 1), deadline, 0, bad.fn());
+  REQUIRE(run_until([&] { return fine.count() == 2 && bad.count() == 1; }));
+  // Well formed: decoded, then refused by a worker without a device.
+  CHECK(fine.by_code[errc::device_unavailable] == 2);
+  CHECK(fine.last_message.find("the worker has no device") != std::string::npos);
+  CHECK(bad.by_code[errc::invalid_argument] == 1);
+  CHECK(bad.last_message.find("malformed actor request") != std::string::npos);
+  const auto st = w->statistics();
+  CHECK(st.ring_calls == 2);
+  CHECK(st.socket_calls == 1);
+  w->stop();
+  REQUIRE(run_until([&] { return w->statistics().state == worker_state::stopped; }));
 }
 
 TEST_CASE_FIXTURE(worker_fixture, "worker: a missing executable fails at once") {

@@ -49,11 +49,15 @@ enum class op_code : std::uint16_t {
   /// test-only (--test-faults): payload: u16 fault_kind (illegal_address or
   /// hang_kernel): the fault as one operation in flight
   fault = 7,
+  /// payload: an actor request (actor_wire.hpp: the actor, its options, the
+  /// operation, its parameters and views); reply: empty, or the operation's
+  /// value (dot, nrm2, asum: T; iamax: int64)
+  actor = 8,
 };
 
 enum class release_kind : std::uint16_t {
   buffer = 1,  ///< a buffer handle (alloc_args::handle)
-  actor = 2,   ///< a blas actor id (gemm_args::actor)
+  actor = 2,   ///< an actor id of any kind (gemm_args::actor, actor_head::actor)
 };
 
 /// Faults a worker started with --test-faults injects on request.

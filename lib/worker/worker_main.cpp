@@ -23,6 +23,7 @@
 #include "protocol.hpp"
 #include "ring.hpp"
 #include "test_kernels.hpp"
+#include "worker_actors.hpp"
 
 #include <atomr/cuda.hpp>
 #include <atomr/cuda/detail/buffer_state.hpp>
@@ -179,6 +180,7 @@ public:
     auto d = cu::device::open(io_.get_executor(), a_.ordinal);
     if (!d) return {static_cast<int>(d.error().code()), d.error().message()};
     dev_ = d.value();
+    host_.emplace(dev_, [this](std::uint64_t handle) { return buffer(handle); });
     if (arena_) {
       // The DMA engines read and write the arena directly: no staging copy.
       if (auto e =
@@ -315,11 +317,13 @@ private:
   void release(std::uint16_t kind, const std::vector<char>& payload) {
     std::uint64_t id = 0;
     if (!wire::read_pod(payload, id)) return;
-    std::lock_guard lk(mu_);
-    if (static_cast<wire::release_kind>(kind) == wire::release_kind::buffer)
+    std::unique_lock lk(mu_);
+    if (static_cast<wire::release_kind>(kind) == wire::release_kind::buffer) {
       buffers_.erase(id);  // freed stream-ordered once the work using it is done
-    else
-      actors_.erase(id);
+      return;
+    }
+    lk.unlock();
+    if (host_) host_->release(id);
   }
 
   /// Allocates in the read loop, so that it happens before any later request.
@@ -346,25 +350,23 @@ private:
     buffers_[a.handle] = std::move(e);
   }
 
+  /// The buffer `handle` names (the allocation's error if it failed).
+  result<std::shared_ptr<cu::detail::buffer_state>> buffer(std::uint64_t handle) {
+    std::lock_guard lk(mu_);
+    auto it = buffers_.find(handle);
+    if (it == buffers_.end())
+      return cu::make_error(errc::stale_ref,
+                            "buffer " + std::to_string(handle) +
+                                " is unknown to this worker (freed, or made before a restart)");
+    if (it->second.failed) return *it->second.failed;
+    return it->second.st;
+  }
+
   /// The view `r` of a buffer of element type T, checked.
   template <class T>
   result<cu::gpu_ref<T>> view(const wire::ref_arg& r) {
-    std::shared_ptr<cu::detail::buffer_state> st;
-    {
-      std::lock_guard lk(mu_);
-      auto it = buffers_.find(r.handle);
-      if (it == buffers_.end())
-        return cu::make_error(errc::stale_ref,
-                              "buffer " + std::to_string(r.handle) +
-                                  " is unknown to this worker (freed, or made before a restart)");
-      if (it->second.failed) return *it->second.failed;
-      st = it->second.st;
-    }
-    if (st->type != cu::dtype_of<T>)
-      return cu::make_error(errc::invalid_argument, "worker: buffer of another element type");
-    if (r.offset > st->count || r.count > st->count - r.offset)
-      return cu::make_error(errc::invalid_argument, "worker: view outside its buffer");
-    return cu::gpu_ref<T>(std::move(st), r.offset, r.count);
+    BOOST_OUTCOME_TRY(auto st, buffer(r.handle));
+    return cu::detail::worker_side::checked_view<T>(std::move(st), r);
   }
 
   /// Arena bytes [off, off + bytes), checked.
@@ -425,25 +427,17 @@ private:
     co_return cu::outcome::success();
   }
 
-  /// The worker's actor for the service's actor `w.actor`, made at its first
-  /// call with the service actor's options; its math mode follows set_tf32.
+  /// The worker's twin of the service's blas actor `w.actor` (made at its
+  /// first call with the service actor's options; its math mode follows set_tf32).
   result<cu::blas_actor> blas_for(const wire::gemm_args& w) {
-    std::lock_guard lk(mu_);
-    auto it = actors_.find(w.actor);
-    if (it == actors_.end()) {
-      cu::blas_options o;
-      if (w.has_streams) o.streams = static_cast<cu::stream_policy>(w.streams);
-      o.tf32 = w.tf32 != 0;
-      o.lt_matmul = w.lt_matmul != 0;
-      o.max_lanes = w.max_lanes;
-      o.cuda_graph_cache = w.cuda_graph_cache;
-      BOOST_OUTCOME_TRY(auto made, cu::blas_actor::create(dev_, o));
-      it = actors_.emplace(w.actor, std::move(made)).first;
-    }
-    if (it->second.tf32() != (w.tf32 != 0)) {
-      BOOST_OUTCOME_TRY(it->second.set_tf32(w.tf32 != 0));
-    }
-    return it->second;
+    wire::actor_settings s;
+    s.has_streams = w.has_streams;
+    s.streams = w.streams;
+    s.flags =
+        static_cast<std::uint8_t>((w.tf32 ? wire::tf32 : 0) | (w.lt_matmul ? wire::lt_matmul : 0));
+    s.max_lanes = static_cast<std::uint32_t>(w.max_lanes);
+    s.cache = w.cuda_graph_cache;
+    return host_->blas(w.actor, s);
   }
 
   asio::awaitable<result<void>> fault(std::uint16_t kind) {
@@ -555,7 +549,7 @@ private:
   asio::awaitable<void> run_call(std::uint64_t id, wire::op_code op, std::vector<char> payload) {
     const auto r = co_await answer_of(op, payload);
     if (r) {
-      send(wire::encode(wire::kind::reply, 0, id));
+      send(wire::encode(wire::kind::reply, 0, id, r.value()));
       co_return;
     }
     send(wire::encode(wire::kind::reply, 1, id, error_payload(r.error())));
@@ -565,12 +559,12 @@ private:
   /// when the answer does not fit a slot or the ring is full).
   asio::awaitable<void> ring_call(std::size_t ring, wire::ring_message m) {
     const auto r = co_await answer_of(static_cast<wire::op_code>(m.op), m.payload);
-    const std::string err = r ? std::string() : error_payload(r.error());
+    const std::string answer = r ? r.value() : error_payload(r.error());
     const std::uint16_t arg = r ? 0 : 1;
-    if (rings_.replies[ring].push(m.id, arg, 0, err))
+    if (rings_.replies[ring].push(m.id, arg, 0, answer))
       wire::ring::wake(rings_.header->reader);
     else
-      send(wire::encode(wire::kind::reply, arg, m.id, err));
+      send(wire::encode(wire::kind::reply, arg, m.id, answer));
     --outstanding_[ring];
     if (dying_.load() && !r && r.error().code() == errc::context_poisoned) {
       // Answered; the socket's queue may still hold answers: the writer
@@ -592,14 +586,26 @@ private:
                               e.message());
   }
 
-  asio::awaitable<result<void>> answer_of(wire::op_code op, const std::vector<char>& payload) {
-    result<void> r = cu::outcome::success();
+  /// A request's answer: its bytes (empty but for operations yielding a value).
+  asio::awaitable<result<std::string>> answer_of(wire::op_code op,
+                                                 const std::vector<char>& payload) {
+    result<std::string> r = std::string();
     if (dying_.load()) {
       r = cu::make_error(errc::context_poisoned,
                          "the worker's CUDA context is poisoned by an earlier fault; it exits");
     } else {
       try {
-        r = co_await dispatch(op, payload);
+        if (op == wire::op_code::actor) {
+          wire::actor_request q;
+          if (!wire::parse_actor(payload, q))
+            r = cu::detail::worker_side::short_request();
+          else if (!host_)
+            r = cu::make_error(errc::device_unavailable, "the worker has no device");
+          else
+            r = co_await host_->run(q);
+        } else if (auto done = co_await dispatch(op, payload); !done) {
+          r = done.error();
+        }
       } catch (const std::exception& e) {
         r = cu::make_error(errc::library, std::string("worker: ") + e.what());
       }
@@ -684,11 +690,11 @@ private:
   std::atomic<std::uint64_t> control_done_{0};
   cu::device dev_;
   std::mutex mu_;
-  std::unordered_map<std::uint64_t, buffer_entry> buffers_;   // guarded by mu_
-  std::unordered_map<std::uint64_t, cu::blas_actor> actors_;  // guarded by mu_
-  std::shared_ptr<cu::test::test_kernels> kernels_;           // guarded by mu_
-  std::deque<std::vector<std::byte>> outq_;                   // on wstrand_
-  bool writing_ = false;                                      // on wstrand_
+  std::unordered_map<std::uint64_t, buffer_entry> buffers_;  // guarded by mu_
+  std::optional<cu::detail::worker_side::actor_host> host_;  // set by open()
+  std::shared_ptr<cu::test::test_kernels> kernels_;          // guarded by mu_
+  std::deque<std::vector<std::byte>> outq_;                  // on wstrand_
+  bool writing_ = false;                                     // on wstrand_
   std::atomic<bool> dying_{false};
 };
 
