@@ -1,5 +1,6 @@
 // compose: the non-template half of a composed unit's end.
 #include "device_impl.hpp"
+#include "remote.hpp"
 
 #include <atomr/cuda/compose.hpp>
 #include <atomr/cuda/run_kernel.hpp>
@@ -146,6 +147,20 @@ asio::awaitable<result<void>> finish_unit(unit_recorder& rec, completion how,
                                           std::optional<gpu_error> failed) {
   // Every run's event is recorded before anything waits on it or parks on it.
   if (auto closed = rec.close_runs(); !closed && !failed) failed = closed.error();
+  if (rec.remote_device) {
+    // An isolated device's steps: one message now, unless a step failed
+    // first (then nothing of the unit reaches the worker).
+    if (!failed) {
+      try {
+        if (auto sent = co_await send_remote_unit(rec, how); !sent) failed = sent.error();
+      } catch (...) {
+        failed = make_error(errc::cancelled, std::string(rec.name) +
+                                                 ": the unit's wait was abandoned by an exception");
+      }
+    }
+    rec.remote_requests.clear();
+    rec.remote_keep.clear();
+  }
   rec.ended = true;
   if (failed) {
     // Steps before the failed one are on the GPU: their inputs and outputs

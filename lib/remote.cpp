@@ -5,6 +5,7 @@
 #include "worker/ring.hpp"
 
 #include <atomr/cuda/detail/remote_ops.hpp>
+#include <atomr/cuda/detail/unit_recorder.hpp>
 #include <atomr/cuda/gpu_ref.hpp>
 
 #include <boost/asio/append.hpp>
@@ -267,10 +268,13 @@ struct call_wait : std::enable_shared_from_this<call_wait> {
 
 }  // namespace
 
-asio::awaitable<result<std::vector<char>>> remote_call(device_impl& d, wire::op_code op,
-                                                       std::string payload, completion how,
-                                                       std::shared_ptr<void> keep,
-                                                       std::uint64_t inc) {
+namespace {
+
+/// One request sent to the worker and awaited (remote_call outside a unit).
+asio::awaitable<result<std::vector<char>>> send_call(device_impl& d, wire::op_code op,
+                                                     std::string payload, completion how,
+                                                     std::shared_ptr<void> keep,
+                                                     std::uint64_t inc) {
   auto self = d.shared_from_this();
   auto* link = d.remote.get();
   if (!link || !link->supervisor())
@@ -304,6 +308,68 @@ asio::awaitable<result<std::vector<char>>> remote_call(device_impl& d, wire::op_
             [w, keep = std::move(keep)](reply_t r) mutable { w->finish(std::move(r), true); });
       },
       asio::use_awaitable);
+}
+
+/// A request made by a step of a composed unit: kept in the unit, sent with
+/// its other requests as one message at its end (send_remote_unit).
+result<std::vector<char>> queue_in_unit(unit_recorder& u, device_impl& d, wire::op_code op,
+                                        std::string payload, std::shared_ptr<void> keep,
+                                        std::uint64_t inc) {
+  if (u.capture) return isolated_not_supported("record");
+  if (u.remote_device && u.remote_device.get() != &d)
+    return make_error(errc::not_supported,
+                      "compose: the steps of one unit may use one isolated device only");
+  if (inc != 0) {
+    if (u.remote_incarnation != 0 && u.remote_incarnation != inc)
+      return make_error(errc::stale_ref,
+                        "the request's arena block belongs to an earlier worker (restarted)");
+    u.remote_incarnation = inc;
+  }
+  if (!u.remote_device) u.remote_device = d.shared_from_this();
+  u.remote_requests.push_back({static_cast<std::uint16_t>(op), u.step, std::move(payload)});
+  if (keep) u.remote_keep.push_back(std::move(keep));
+  return std::vector<char>{};
+}
+
+}  // namespace
+
+asio::awaitable<result<std::vector<char>>> remote_call(device_impl& d, wire::op_code op,
+                                                       std::string payload, completion how,
+                                                       std::shared_ptr<void> keep,
+                                                       std::uint64_t inc) {
+  if (auto* u = unit_of(co_await asio::this_coro::executor))
+    co_return queue_in_unit(*u, d, op, std::move(payload), std::move(keep), inc);
+  co_return co_await send_call(d, op, std::move(payload), how, std::move(keep), inc);
+}
+
+asio::awaitable<result<void>> send_remote_unit(unit_recorder& rec, completion how) {
+  auto dev = rec.remote_device;
+  std::string payload;
+  wire::unit_head head;
+  head.count = static_cast<std::uint32_t>(rec.remote_requests.size());
+  head.steps = static_cast<std::uint32_t>(rec.step);
+  payload.append(wire::bytes_of(head));
+  for (const auto& q : rec.remote_requests) {
+    wire::unit_entry e;
+    e.op = q.op;
+    e.step = static_cast<std::uint32_t>(q.step);
+    e.size = static_cast<std::uint32_t>(q.payload.size());
+    payload.append(wire::bytes_of(e));
+    payload.append(q.payload);
+  }
+  rec.remote_requests.clear();
+  if (payload.size() > wire::max_payload)
+    co_return make_error(errc::invalid_argument,
+                         std::string(rec.name) + ": " + std::to_string(head.count) +
+                             " requests for an isolated device take " +
+                             std::to_string(payload.size()) + " bytes, over the " +
+                             std::to_string(wire::max_payload) + " one message may carry");
+  auto keep = std::make_shared<std::vector<std::shared_ptr<void>>>(std::move(rec.remote_keep));
+  rec.remote_keep.clear();
+  auto r = co_await send_call(*dev, wire::op_code::unit, std::move(payload), how, std::move(keep),
+                              rec.remote_incarnation);
+  if (!r) co_return r.error();
+  co_return outcome::success();
 }
 
 // ---------------------------------------------------------------- transfers
@@ -372,6 +438,18 @@ asio::awaitable<result<std::shared_ptr<arena_block>>> wait_block(device_impl& d,
   }
 }
 
+/// A block for a transfer inside a composed unit: the unit keeps its blocks
+/// until its end, so one that does not fit now never will.
+result<std::shared_ptr<arena_block>> unit_block(device_impl& d, std::size_t bytes) {
+  BOOST_OUTCOME_TRY(auto b, d.remote->try_block(bytes));
+  if (!b)
+    return make_error(errc::out_of_memory,
+                      "compose: the transfers of one unit on an isolated device must fit its "
+                      "arena together (isolation_options::arena_bytes, " +
+                          std::to_string(d.options.isolation.arena_bytes) + " bytes)");
+  return b;
+}
+
 std::string transfer_payload(const remote_view& v, std::size_t elem_off, std::size_t elems,
                              const arena_block& b) {
   wire::transfer_args a;
@@ -412,6 +490,7 @@ result<std::shared_ptr<remote_staging>> remote_stage_upload(const remote_view& d
 asio::awaitable<result<void>> remote_upload(std::shared_ptr<remote_staging> s,
                                             std::optional<completion> how) {
   auto& d = *s->dst.st->dev;
+  auto* unit = unit_of(co_await asio::this_coro::executor);
   BOOST_OUTCOME_CO_TRY(auto c, resolve_how(s->dst, how));
   const std::size_t es = size_of(s->dst.st->type);
   const std::size_t piece = d.remote->piece_bytes();
@@ -422,7 +501,12 @@ asio::awaitable<result<void>> remote_upload(std::shared_ptr<remote_staging> s,
     if (i < s->blocks.size()) {
       b = std::move(s->blocks[i]);
     } else {
-      BOOST_OUTCOME_CO_TRY(b, co_await wait_block(d, std::min(piece, s->bytes - at)));
+      const std::size_t want = std::min(piece, s->bytes - at);
+      if (unit) {  // the unit holds its blocks until its end: waiting could never end
+        BOOST_OUTCOME_CO_TRY(b, unit_block(d, want));
+      } else {
+        BOOST_OUTCOME_CO_TRY(b, co_await wait_block(d, want));
+      }
       std::memcpy(b->data(), s->rest.data() + (at - s->rest_from), b->bytes());
     }
     const std::size_t n = std::min(b->bytes(), s->bytes - at);
@@ -454,6 +538,22 @@ asio::awaitable<result<void>> remote_download(remote_view src, void* dst, std::s
   auto& d = *src.st->dev;
   auto* out = static_cast<std::byte*>(dst);
   const std::size_t es = size_of(src.st->type);
+  if (auto* unit = unit_of(co_await asio::this_coro::executor)) {
+    // In a unit: each piece's request joins the unit's message, and its
+    // bytes are copied out by a finalizer, which runs only once the whole
+    // unit succeeded (so `dst` is written only then).
+    for (std::size_t at = 0; at < bytes;) {
+      BOOST_OUTCOME_CO_TRY(auto b, unit_block(d, bytes - at));
+      const std::size_t n = std::min(b->bytes(), bytes - at);
+      auto payload = transfer_payload(src, at / es, n / es, *b);
+      const auto inc = b->incarnation();
+      BOOST_OUTCOME_CO_TRY(
+          co_await remote_call(d, wire::op_code::download, std::move(payload), c, b, inc));
+      unit->finalizers.push_back([b, to = out + at, n] { std::memcpy(to, b->data(), n); });
+      at += n;
+    }
+    co_return outcome::success();
+  }
   // Piece i + 1's DMA runs in the worker while piece i is copied out here.
   std::shared_ptr<arena_block> done;  // a piece answered, not copied out yet
   std::size_t done_at = 0, done_n = 0;

@@ -126,6 +126,13 @@ asio::awaitable<result<std::vector<char>>> remote_call(device_impl& d, wire::op_
                                                        std::shared_ptr<void> keep,
                                                        std::uint64_t incarnation = 0);
 
+struct unit_recorder;
+
+/// Sends the requests a composed unit's steps made (unit_recorder::
+/// remote_requests) as one message and awaits its answer with `how`: the
+/// worker runs them as one unit. Its error names the failed step.
+asio::awaitable<result<void>> send_remote_unit(unit_recorder& rec, completion how);
+
 /// A view's wire form.
 wire::ref_arg ref_of(const buffer_state& st, std::size_t offset, std::size_t count);
 

@@ -12,11 +12,13 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -199,6 +201,31 @@ TEST_CASE_FIXTURE(iso_fixture,
     REQUIRE_FALSE(held);
     CHECK(held.error().code() == errc::timeout);
     CHECK(dev.statistics().worker_calls_pending == 1);
+
+    // A composed unit is one request: its steps are checked and kept here,
+    // then sent together at its end (the wait times out as the unit's, not
+    // as step 1's), and its download target is left untouched.
+    {
+      auto z = dev.allocate<float>(64).value();
+      std::vector<float> host_in(64, 2.0f), host_out(64, -1.0f);
+      gemm_params g8;
+      g8.m = g8.n = g8.k = 8;
+      auto unit = run(compose(dev, soon, upload(host_in, x), blas.gemm(g8, x, y, z),
+                              download(z, std::span<float>(host_out))));
+      REQUIRE_FALSE(unit);
+      CHECK(unit.error().code() == errc::timeout);
+      CHECK(unit.error().message().find("step") == std::string::npos);
+      CHECK(dev.statistics().worker_calls_pending == 2);  // one more: the whole unit
+      CHECK(std::all_of(host_out.begin(), host_out.end(), [](float v) { return v == -1.0f; }));
+      // A step refused here: nothing of the unit is sent, the error names it.
+      g8.lda = 4;
+      auto bad = run(compose(dev, soon, upload(host_in, x), blas.gemm(g8, x, y, z),
+                             download(z, std::span<float>(host_out))));
+      REQUIRE_FALSE(bad);
+      CHECK(bad.error().code() == errc::invalid_argument);
+      CHECK(bad.error().message().find("compose: step 2 of 3") != std::string::npos);
+      CHECK(dev.statistics().worker_calls_pending == 2);
+    }
     auto k = run(run_kernel("test", dev.main_stream(), event_poll{}, x,
                             [](launch&) { return std::tuple<>{}; }));
     REQUIRE_FALSE(k);

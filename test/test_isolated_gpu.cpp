@@ -547,6 +547,60 @@ TEST_CASE_FIXTURE(iso,
   CHECK(st.worker_restarts == 0);
 }
 
+TEST_CASE_FIXTURE(iso,
+                  "isolated: a composed unit is one request; its numbers match a double-precision "
+                  "reference; a failing step in the worker is named and the target untouched") {
+  open();
+  auto blas = blas_actor::create(dev).value();
+  const int m = 96;
+  const auto a = random_floats(m * m, 51), b = random_floats(m * m, 52);
+  const auto bias = random_floats(m, 53);
+  auto ga = dev.allocate<float>(m * m).value();
+  auto gb = dev.allocate<float>(m * m).value();
+  auto gbias = dev.allocate<float>(m).value();
+  auto gc = dev.allocate<float>(m * m).value();
+  auto gd = dev.allocate<float>(m * m).value();
+  std::vector<float> out(m * m, std::nanf(""));
+  gemm_params p;
+  p.m = p.n = p.k = m;
+  const auto before = dev.statistics().ops_completed;
+  auto u =
+      run(compose(dev, upload(a, ga), upload(b, gb), upload(bias, gbias),
+                  blas.gemm_fused(p, gemm_epilogue::bias, ga, gb, gbias, gc),
+                  blas.scal(m * m, -0.5, gc), copy(gc, gd), download(gd, std::span<float>(out))));
+  REQUIRE_MESSAGE(u, (u ? "" : u.error().message()));
+  CHECK(dev.statistics().ops_completed == before + 1);  // seven steps, one request
+  double worst = 0;
+  for (int col = 0; col < m; ++col)
+    for (int row = 0; row < m; ++row) {
+      double ref = bias[row];
+      for (int i = 0; i < m; ++i) ref += double(a[i * m + row]) * b[col * m + i];
+      worst = std::max(worst, std::abs(out[col * m + row] + 0.5 * ref));
+    }
+  CHECK(worst < 1e-4);
+
+  // A fault in the middle of a unit: the unit fails as a whole, its
+  // download target is never written, and the worker is replaced.
+  std::vector<float> untouched(m * m, 7.0f);
+  auto f = run(compose(dev, upload(a, ga), blas.gemm(p, ga, gb, gc),
+                       download(gc, std::span<float>(untouched))));
+  REQUIRE(f);  // the well-formed unit first
+  const auto good = untouched;
+  std::fill(untouched.begin(), untouched.end(), 7.0f);
+  const auto faulted = run(compose(
+      dev, upload(a, ga),
+      [](device d) -> asio::awaitable<result<void>> {
+        co_return co_await detail::inject_isolated_fault(
+            d.impl(), static_cast<std::uint16_t>(wire::fault_kind::illegal_address));
+      }(dev),
+      download(gc, std::span<float>(untouched))));
+  REQUIRE_FALSE(faulted);
+  CHECK(faulted.error().code() == errc::context_poisoned);
+  CHECK(std::all_of(untouched.begin(), untouched.end(), [](float v) { return v == 7.0f; }));
+  CHECK(wait_health(health_state::healthy, 30s));
+  CHECK(gemm_rel_error(a, b, good, m) < 1e-5);
+}
+
 TEST_CASE_FIXTURE(iso, "isolated: bad input is refused in the service, before anything is sent") {
   open();
   auto blas = blas_actor::create(dev).value();

@@ -533,8 +533,8 @@ TEST_CASE(
 }
 
 TEST_CASE_FIXTURE(worker_fixture,
-                  "worker: actor requests reach the worker through the rings and the socket; a "
-                  "malformed one is answered invalid_argument") {
+                  "worker: actor and unit requests reach the worker through the rings and the "
+                  "socket; malformed ones are answered invalid_argument") {
   auto o = options();
   o.arena_bytes = std::size_t{4} << 20;
   auto w = start(o);
@@ -553,15 +553,46 @@ TEST_CASE_FIXTURE(worker_fixture,
   w->call(op, good, deadline, 0, fine.fn());
   w->call(op, big, deadline, 0, fine.fn());
   w->call(op, good.substr(0, good.size() - 1), deadline, 0, bad.fn());
-  REQUIRE(run_until([&] { return fine.count() == 2 && bad.count() == 1; }));
+  // A unit of two requests; and one whose sizes do not add up.
+  std::string unit;
+  wire::unit_head uh{2, 5};
+  unit.append(wire::bytes_of(uh));
+  for (std::uint32_t step : {2u, 4u}) {
+    wire::unit_entry e;
+    e.op = op;
+    e.step = step;
+    e.size = static_cast<std::uint32_t>(good.size());
+    unit.append(wire::bytes_of(e));
+    unit.append(good);
+  }
+  {
+    std::vector<char> bytes(unit.begin(), unit.end());
+    wire::unit_head back;
+    std::vector<wire::unit_request> reqs;
+    REQUIRE(wire::parse_unit(bytes, back, reqs));
+    CHECK(back.steps == 5);
+    REQUIRE(reqs.size() == 2);
+    CHECK(reqs[1].step == 4);
+    CHECK(reqs[1].payload == std::vector<char>(good.begin(), good.end()));
+    bytes.pop_back();
+    CHECK_FALSE(wire::parse_unit(bytes, back, reqs));
+  }
+  const auto unit_op = static_cast<std::uint16_t>(wire::op_code::unit);
+  w->call(unit_op, unit, deadline, 0, fine.fn());
+  answers bad_unit;
+  w->call(unit_op, unit.substr(0, unit.size() - 3), deadline, 0, bad_unit.fn());
+  REQUIRE(
+      run_until([&] { return fine.count() == 3 && bad.count() == 1 && bad_unit.count() == 1; }));
   // Well formed: decoded, then refused by a worker without a device.
-  CHECK(fine.by_code[errc::device_unavailable] == 2);
+  CHECK(fine.by_code[errc::device_unavailable] == 3);
   CHECK(fine.last_message.find("the worker has no device") != std::string::npos);
   CHECK(bad.by_code[errc::invalid_argument] == 1);
   CHECK(bad.last_message.find("malformed actor request") != std::string::npos);
+  CHECK(bad_unit.by_code[errc::invalid_argument] == 1);
+  CHECK(bad_unit.last_message.find("malformed unit request") != std::string::npos);
   const auto st = w->statistics();
   CHECK(st.ring_calls == 2);
-  CHECK(st.socket_calls == 1);
+  CHECK(st.socket_calls == 3);  // the units are over a slot's 232 bytes
   w->stop();
   REQUIRE(run_until([&] { return w->statistics().state == worker_state::stopped; }));
 }

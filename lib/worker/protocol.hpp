@@ -53,6 +53,11 @@ enum class op_code : std::uint16_t {
   /// operation, its parameters and views); reply: empty, or the operation's
   /// value (dot, nrm2, asum: T; iamax: int64)
   actor = 8,
+  /// payload: unit_head, then per request a unit_entry and its payload: the
+  /// requests of one composed unit, run in the worker as one unit (enqueued
+  /// back to back, awaited once). reply: empty, or the first error, named
+  /// "compose: step k of n" by the service's step numbers
+  unit = 9,
 };
 
 enum class release_kind : std::uint16_t {
@@ -153,6 +158,47 @@ struct gemm_args {
   double alpha = 1.0, beta = 0.0;
   ref_arg a, b, c;
 };
+
+/// op_code::unit's payload starts with this.
+struct unit_head {
+  std::uint32_t count = 0;  ///< requests that follow
+  std::uint32_t steps = 0;  ///< the service unit's step count (what errors name as n)
+};
+/// One request of a unit: its op_code, the service step that made it, and
+/// the size of its payload, which follows.
+struct unit_entry {
+  std::uint16_t op = 0;
+  std::uint16_t reserved = 0;
+  std::uint32_t step = 0;
+  std::uint32_t size = 0;
+  std::uint32_t reserved2 = 0;
+};
+
+/// One request of a parsed unit.
+struct unit_request {
+  std::uint16_t op = 0;
+  std::uint32_t step = 0;
+  std::vector<char> payload;
+};
+
+/// op_code::unit's parts; false when the sizes do not add up.
+inline bool parse_unit(const std::vector<char>& p, unit_head& head,
+                       std::vector<unit_request>& out) {
+  if (p.size() < sizeof head) return false;
+  std::memcpy(&head, p.data(), sizeof head);
+  std::size_t at = sizeof head;
+  out.clear();
+  for (std::uint32_t i = 0; i < head.count; ++i) {
+    unit_entry e;
+    if (p.size() - at < sizeof e) return false;
+    std::memcpy(&e, p.data() + at, sizeof e);
+    at += sizeof e;
+    if (p.size() - at < e.size) return false;
+    out.push_back({e.op, e.step, std::vector<char>(p.data() + at, p.data() + at + e.size)});
+    at += e.size;
+  }
+  return at == p.size();
+}
 
 /// A trivially copyable value as a payload.
 template <class T>

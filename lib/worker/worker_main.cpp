@@ -595,22 +595,79 @@ private:
                          "the worker's CUDA context is poisoned by an earlier fault; it exits");
     } else {
       try {
-        if (op == wire::op_code::actor) {
-          wire::actor_request q;
-          if (!wire::parse_actor(payload, q))
-            r = cu::detail::worker_side::short_request();
-          else if (!host_)
-            r = cu::make_error(errc::device_unavailable, "the worker has no device");
-          else
-            r = co_await host_->run(q);
-        } else if (auto done = co_await dispatch(op, payload); !done) {
-          r = done.error();
-        }
+        if (op == wire::op_code::unit)
+          r = co_await run_unit(payload);
+        else
+          r = co_await answer_one(op, payload);
       } catch (const std::exception& e) {
         r = cu::make_error(errc::library, std::string("worker: ") + e.what());
       }
     }
     co_return r;
+  }
+
+  /// One request (not a unit).
+  asio::awaitable<result<std::string>> answer_one(wire::op_code op,
+                                                  const std::vector<char>& payload) {
+    if (op == wire::op_code::actor) {
+      wire::actor_request q;
+      if (!wire::parse_actor(payload, q)) co_return cu::detail::worker_side::short_request();
+      if (!host_) co_return cu::make_error(errc::device_unavailable, "the worker has no device");
+      co_return co_await host_->run(q);
+    }
+    if (op == wire::op_code::unit)
+      co_return cu::make_error(errc::invalid_argument, "worker: a unit inside a unit");
+    if (auto done = co_await dispatch(op, payload); !done) co_return done.error();
+    co_return std::string();
+  }
+
+  /// A composed unit's requests (op_code::unit), run as one unit here: each
+  /// enqueued as the service's step would have been, back to back on this
+  /// coroutine's unit executor, then one wait (compose()'s own steps and
+  /// end, for a number of steps known only now). The first failure stops
+  /// it and is named by the service's step number.
+  asio::awaitable<result<std::string>> run_unit(const std::vector<char>& payload) {
+    namespace det = cu::detail;
+    wire::unit_head head;
+    std::vector<wire::unit_request> steps;
+    if (!wire::parse_unit(payload, head, steps))
+      co_return cu::make_error(errc::invalid_argument, "worker: malformed unit request");
+    if (!dev_) co_return cu::make_error(errc::device_unavailable, "the worker has no device");
+    det::unit_recorder rec;
+    const det::unit_executor ex(co_await asio::this_coro::executor, &rec);
+    std::optional<cu::gpu_error> failed;
+    const std::size_t n = head.steps;
+    auto body = [&]() -> asio::awaitable<void> {
+      for (const auto& q : steps) {
+        rec.step = q.step;
+        auto r = co_await answer_one(static_cast<wire::op_code>(q.op), q.payload);
+        if (rec.pending_failure) {
+          failed = det::unit_step_error(rec.pending_failure->second, rec.pending_failure->first, n);
+          break;
+        }
+        if (!r) {
+          failed = det::unit_step_error(r.error(), q.step, n);
+          break;
+        }
+      }
+      if (!rec.pending.empty() && !det::flush_pending(rec, cu::stream{}) && !failed)
+        failed = det::unit_step_error(rec.pending_failure->second, rec.pending_failure->first, n);
+      if (auto closed = rec.close_runs(); !closed && !failed) failed = closed.error();
+    };
+    result<void> ended = cu::outcome::success();
+    try {
+      co_await asio::co_spawn(ex, body(), asio::use_awaitable);
+      ended = co_await det::finish_unit(rec, dev_.options().default_completion, std::move(failed));
+    } catch (...) {
+      const auto e = failed ? *failed
+                            : cu::make_error(errc::library,
+                                             "worker: the unit was torn down by "
+                                             "an exception");
+      det::abandon_unit(rec, e);
+      ended = e;
+    }
+    if (!ended) co_return ended.error();
+    co_return std::string();
   }
 
   /// Allocations and releases the service put in the control ring, applied

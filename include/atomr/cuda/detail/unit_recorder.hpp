@@ -14,9 +14,11 @@
 #include <boost/asio/require.hpp>
 
 #include <cstddef>
+#include <cstdint>
 #include <functional>
 #include <memory>
 #include <optional>
+#include <string>
 #include <string_view>
 #include <utility>
 #include <vector>
@@ -28,6 +30,7 @@ class launch;
 namespace atomr::cuda::detail {
 
 struct unit_capture;
+class device_impl;
 
 /// The steps of one unit enqueued so far (docs/design.md, "Composed units").
 /// Used by one coroutine at a time: the unit's, while it runs its steps.
@@ -69,6 +72,21 @@ struct unit_recorder {
   /// Non-null while the unit is recorded into a CUDA graph (graph.hpp): the
   /// steps enqueue on the recording's stream and nothing runs.
   unit_capture* capture = nullptr;
+  /// Isolated devices (docs/design.md, "Units on an isolated device"): the
+  /// requests the unit's steps made instead of sending them, sent to the
+  /// worker as one message at the unit's end (nothing is sent when a step
+  /// fails first); the device they go to (one per unit), what they keep
+  /// alive until the answer (arena blocks), and the worker incarnation
+  /// whose arena those blocks are in (0: none).
+  struct remote_request {
+    std::uint16_t op = 0;  ///< a wire::op_code
+    std::size_t step = 0;  ///< the step that made it (1-based)
+    std::string payload;   ///< its arguments
+  };
+  std::vector<remote_request> remote_requests;
+  std::shared_ptr<device_impl> remote_device;
+  std::vector<std::shared_ptr<void>> remote_keep;
+  std::uint64_t remote_incarnation = 0;
   /// What the unit's errors call it: "compose" or "record".
   const char* name = "compose";
   /// Set once the unit's end has parked or settled every stage.
