@@ -20,6 +20,7 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <thread>
 #include <vector>
@@ -186,8 +187,9 @@ struct pipe_result {
 
 /// One request: pageable upload of 256 x 256 f32, gemm with resident
 /// weights, pageable download, one element checked; `in_flight` requests on
-/// 4 io threads.
-pipe_result pipeline(asio::io_context& ioc, side& s, int in_flight, double seconds) {
+/// 4 io threads. `composed`: the three as one compose() unit (one request to
+/// an isolated worker), else three awaits.
+pipe_result pipeline(asio::io_context& ioc, side& s, int in_flight, double seconds, bool composed) {
   constexpr int n = 256;
   constexpr std::size_t e = std::size_t{n} * n;
   auto w = gemm_buffers(ioc, s, n);
@@ -215,9 +217,16 @@ pipe_result pipeline(asio::io_context& ioc, side& s, int in_flight, double secon
           auto& sl = slots[i];
           while (!stop.load(std::memory_order_relaxed)) {
             const double t0 = bench::now_us();
-            bool ok = static_cast<bool>(co_await upload(sl.hx, sl.x));
-            ok = ok && co_await s.blas->gemm(p, sl.x, w.value().b, sl.y);
-            ok = ok && co_await download(sl.y, sl.hy);
+            bool ok = false;
+            if (composed) {
+              ok = static_cast<bool>(co_await compose(s.dev, upload(sl.hx, sl.x),
+                                                      s.blas->gemm(p, sl.x, w.value().b, sl.y),
+                                                      download(sl.y, std::span<float>(sl.hy))));
+            } else {
+              ok = static_cast<bool>(co_await upload(sl.hx, sl.x));
+              ok = ok && co_await s.blas->gemm(p, sl.x, w.value().b, sl.y);
+              ok = ok && co_await download(sl.y, sl.hy);
+            }
             // Every element of y is 256 * 1.0 * 0.5.
             if (!ok || sl.hy[e / 2] != 128.0f) ++wrong;
             if (counting.load(std::memory_order_relaxed)) {
@@ -383,15 +392,19 @@ int main(int argc, char** argv) {
       }
   }
   if (want("pipeline")) {
-    for (int f : {4, 16}) {
-      const auto in = pipeline(ioc, *sides[0], f, o.seconds);
-      const auto is = pipeline(ioc, *sides[1], f, o.seconds);
-      row("pipeline", "upload+gemm256+download in_flight=" + std::to_string(f), in.req_per_s,
-          is.req_per_s, "req/s",
-          bench::json::object({{"in_process_p50_us", in.lat.median},
-                               {"isolated_p50_us", is.lat.median},
-                               {"wrong", in.wrong + is.wrong}}));
-    }
+    for (bool composed : {false, true})
+      for (int f : {4, 16}) {
+        const auto in = pipeline(ioc, *sides[0], f, o.seconds, composed);
+        const auto is = pipeline(ioc, *sides[1], f, o.seconds, composed);
+        row("pipeline",
+            std::string(composed ? "compose(upload, gemm256, download)"
+                                 : "upload+gemm256+download") +
+                " in_flight=" + std::to_string(f),
+            in.req_per_s, is.req_per_s, "req/s",
+            bench::json::object({{"in_process_p50_us", in.lat.median},
+                                 {"isolated_p50_us", is.lat.median},
+                                 {"wrong", in.wrong + is.wrong}}));
+      }
   }
   if (want("bandwidth")) {
     for (bool up : {true, false}) {

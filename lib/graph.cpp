@@ -1,6 +1,7 @@
 // graph: recording a unit into a CUDA graph, replaying it, and the cache.
 #include "cuda_graph_record.hpp"
 #include "device_impl.hpp"
+#include "remote.hpp"
 
 #include <atomr/cuda/detail/lru.hpp>
 #include <atomr/cuda/graph.hpp>
@@ -26,10 +27,19 @@ struct graph_state {
   // Destroyed only when no replay can still run it: each replay's keep-alive
   // holds this state until its GPU work is done (or the context is gone).
   ~graph_state() {
+    if (remote_id) {  // the worker's graph goes with its last handle here
+      if (remote_dev->remote) remote_dev->remote->release(wire::release_kind::recording, remote_id);
+      return;
+    }
     // Nothing is handed back to a poisoned context (a stopped one still works).
     if (exec && on && on.state()->owner->health.load() != health_state::poisoned)
       cudaGraphExecDestroy(exec);  // teardown: errors deliberately ignored
   }
+
+  /// Isolated devices: the recording's handle in the worker, which holds
+  /// the graph (0 in process), and the device.
+  std::uint64_t remote_id = 0;
+  std::shared_ptr<device_impl> remote_dev;
 
   cudaGraphExec_t exec = nullptr;
   stream on;
@@ -114,6 +124,27 @@ result<std::shared_ptr<graph_state>> end_recording(unit_capture& c, std::optiona
   return st;
 }
 
+asio::awaitable<result<std::shared_ptr<graph_state>>> end_remote_recording(
+    const device& dev, unit_recorder& rec, std::optional<gpu_error> failed, std::size_t steps) {
+  rec.ended = true;
+  if (failed) co_return std::move(*failed);  // nothing of it was sent
+  auto d = dev.impl();
+  const auto gen = d->generation.load();
+  const auto id = d->remote->next_id();
+  BOOST_OUTCOME_CO_TRY(auto nodes,
+                       co_await send_remote_record(rec, id, d->options.default_completion));
+  auto st = std::make_shared<graph_state>();
+  st->remote_id = id;
+  st->remote_dev = d;
+  st->on = device(d).main_stream();
+  st->generation = gen;
+  st->steps = steps;
+  st->nodes = static_cast<std::size_t>(nodes);
+  if (d->generation.load() != gen)
+    co_return make_error(errc::stale_ref, "record: the worker was restarted while it recorded");
+  co_return st;
+}
+
 }  // namespace detail
 
 std::size_t recorded_unit::steps() const noexcept {
@@ -143,6 +174,15 @@ asio::awaitable<result<void>> replay(recorded_unit unit, completion how) {
     co_return make_error(errc::stale_ref, "replay: the unit was recorded in device generation " +
                                               std::to_string(st->generation) +
                                               ", the device is at " + std::to_string(now));
+  if (st->remote_id) {  // the worker replays its graph
+    BOOST_OUTCOME_CO_TRY(check_completion(how));
+    auto r = co_await detail::remote_call(d, detail::wire::op_code::replay,
+                                          std::string(detail::wire::bytes_of(st->remote_id)), how,
+                                          nullptr);
+    if (!r) co_return r.error();
+    st->replays.fetch_add(1, std::memory_order_relaxed);
+    co_return outcome::success();
+  }
   using keep = std::shared_ptr<detail::graph_state>;
   auto r =
       co_await run_kernel("cuda", st->on, how, std::tuple<>{}, [st](launch& l) -> result<keep> {

@@ -316,6 +316,12 @@ result<std::vector<char>> queue_in_unit(unit_recorder& u, device_impl& d, wire::
                                         std::string payload, std::shared_ptr<void> keep,
                                         std::uint64_t inc) {
   if (u.capture) return isolated_not_supported("record");
+  if (std::string_view(u.name) == "record" &&
+      (op == wire::op_code::upload || op == wire::op_code::download))
+    return make_error(errc::not_supported,
+                      "transfers to or from host memory cannot be recorded on an isolated device "
+                      "(the worker's staging would not outlive the recording): upload into the "
+                      "unit's buffers before replay() and download after it");
   if (u.remote_device && u.remote_device.get() != &d)
     return make_error(errc::not_supported,
                       "compose: the steps of one unit may use one isolated device only");
@@ -342,12 +348,15 @@ asio::awaitable<result<std::vector<char>>> remote_call(device_impl& d, wire::op_
   co_return co_await send_call(d, op, std::move(payload), how, std::move(keep), inc);
 }
 
-asio::awaitable<result<void>> send_remote_unit(unit_recorder& rec, completion how) {
-  auto dev = rec.remote_device;
+namespace {
+
+/// A unit's requests as one op_code::unit or op_code::record payload.
+result<std::string> unit_payload(unit_recorder& rec, std::uint64_t handle) {
   std::string payload;
   wire::unit_head head;
   head.count = static_cast<std::uint32_t>(rec.remote_requests.size());
   head.steps = static_cast<std::uint32_t>(rec.step);
+  head.handle = handle;
   payload.append(wire::bytes_of(head));
   for (const auto& q : rec.remote_requests) {
     wire::unit_entry e;
@@ -359,17 +368,38 @@ asio::awaitable<result<void>> send_remote_unit(unit_recorder& rec, completion ho
   }
   rec.remote_requests.clear();
   if (payload.size() > wire::max_payload)
-    co_return make_error(errc::invalid_argument,
-                         std::string(rec.name) + ": " + std::to_string(head.count) +
-                             " requests for an isolated device take " +
-                             std::to_string(payload.size()) + " bytes, over the " +
-                             std::to_string(wire::max_payload) + " one message may carry");
+    return make_error(errc::invalid_argument,
+                      std::string(rec.name) + ": " + std::to_string(head.count) +
+                          " requests for an isolated device take " +
+                          std::to_string(payload.size()) + " bytes, over the " +
+                          std::to_string(wire::max_payload) + " one message may carry");
+  return payload;
+}
+
+}  // namespace
+
+asio::awaitable<result<void>> send_remote_unit(unit_recorder& rec, completion how) {
+  auto dev = rec.remote_device;
+  BOOST_OUTCOME_CO_TRY(auto payload, unit_payload(rec, 0));
   auto keep = std::make_shared<std::vector<std::shared_ptr<void>>>(std::move(rec.remote_keep));
   rec.remote_keep.clear();
   auto r = co_await send_call(*dev, wire::op_code::unit, std::move(payload), how, std::move(keep),
                               rec.remote_incarnation);
   if (!r) co_return r.error();
   co_return outcome::success();
+}
+
+asio::awaitable<result<std::uint64_t>> send_remote_record(unit_recorder& rec, std::uint64_t handle,
+                                                          completion how) {
+  if (!rec.remote_device)
+    co_return make_error(errc::invalid_argument,
+                         "record: no step made a request of the isolated device");
+  auto dev = rec.remote_device;
+  BOOST_OUTCOME_CO_TRY(auto payload, unit_payload(rec, handle));
+  rec.remote_keep.clear();  // transfers are refused in a recording: nothing to keep
+  auto r = co_await send_call(*dev, wire::op_code::record, std::move(payload), how, nullptr, 0);
+  if (!r) co_return r.error();
+  co_return reply_value<std::uint64_t>(r.value(), "record");
 }
 
 // ---------------------------------------------------------------- transfers
@@ -386,8 +416,7 @@ gpu_error isolated_not_supported(std::string_view what) {
   return make_error(errc::not_supported,
                     std::string(what) +
                         " is not available on an isolated device (docs/design.md, \"Isolated "
-                        "device\": pinned host buffers, run_kernel and recordings run in process "
-                        "only)");
+                        "device\": pinned host buffers and run_kernel run in process only)");
 }
 
 struct remote_staging {

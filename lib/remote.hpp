@@ -132,6 +132,10 @@ struct unit_recorder;
 /// remote_requests) as one message and awaits its answer with `how`: the
 /// worker runs them as one unit. Its error names the failed step.
 asio::awaitable<result<void>> send_remote_unit(unit_recorder& rec, completion how);
+/// Sends a recording's requests (op_code::record): the worker records them
+/// into a CUDA graph it keeps under `handle`. Yields the graph's node count.
+asio::awaitable<result<std::uint64_t>> send_remote_record(unit_recorder& rec, std::uint64_t handle,
+                                                          completion how);
 
 /// A view's wire form.
 wire::ref_arg ref_of(const buffer_state& st, std::size_t offset, std::size_t count);

@@ -42,6 +42,12 @@ struct iso_fixture : io_fixture {
   }
 };
 
+/// 64 floats of host data.
+const std::vector<float>& host_in_64() {
+  static const std::vector<float> v(64, 1.0f);
+  return v;
+}
+
 /// A worker that starts and never says hello (the device stays starting).
 std::string silent_worker() {
   const auto p = std::filesystem::temp_directory_path() /
@@ -234,9 +240,17 @@ TEST_CASE_FIXTURE(iso_fixture,
     auto pinned = dev.allocate_pinned<float>(16);
     REQUIRE_FALSE(pinned);
     CHECK(pinned.error().code() == errc::not_supported);
-    auto rec = run(record(dev, fill_bytes(x, 0)));
+    // A recording on an isolated device is made by the worker; a transfer
+    // from host memory cannot be part of it (refused here, nothing sent).
+    const auto sent = dev.statistics().worker_calls_pending;
+    auto rec = run(record(dev, fill_bytes(x, 0), upload(host_in_64(), x)));
     REQUIRE_FALSE(rec);
     CHECK(rec.error().code() == errc::not_supported);
+    CHECK(rec.error().message().find("record: step 2 of 2") != std::string::npos);
+    CHECK(dev.statistics().worker_calls_pending == sent);
+    auto none = run(replay(recorded_unit{}));
+    REQUIRE_FALSE(none);
+    CHECK(none.error().code() == errc::invalid_argument);
   }
   ioc.restart();
   ioc.run_for(50ms);

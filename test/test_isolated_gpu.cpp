@@ -601,6 +601,64 @@ TEST_CASE_FIXTURE(iso,
   CHECK(gemm_rel_error(a, b, good, m) < 1e-5);
 }
 
+TEST_CASE_FIXTURE(iso,
+                  "isolated: a recording lives in the worker; replays with new inputs match an "
+                  "unrecorded run bit for bit; after a restart it is stale") {
+  open();
+  auto blas = blas_actor::create(dev).value();
+  const int m = 128;
+  auto ga = dev.allocate<float>(m * m).value();
+  auto gb = dev.allocate<float>(m * m).value();
+  auto gc = dev.allocate<float>(m * m).value();
+  auto gd = dev.allocate<float>(m * m).value();
+  const auto b = random_floats(m * m, 62);
+  REQUIRE(run(upload(b, gb)));
+  gemm_params p;
+  p.m = p.n = p.k = m;
+  auto rec = run(record(dev, blas.gemm(p, ga, gb, gc), blas.scal(m * m, 2.0, gc), copy(gc, gd)));
+  REQUIRE_MESSAGE(rec, (rec ? "" : rec.error().message()));
+  CHECK(rec.value().steps() == 3);
+  CHECK(rec.value().nodes() >= 3);
+  for (std::uint64_t seed : {71, 72}) {
+    const auto a = random_floats(m * m, seed);
+    REQUIRE(run(upload(a, ga)));
+    REQUIRE(run(replay(rec.value())));
+    std::vector<float> replayed(m * m), direct(m * m);
+    REQUIRE(run(download(gd, std::span<float>(replayed))));
+    // The same steps unrecorded, on the same buffers.
+    REQUIRE(run(compose(dev, blas.gemm(p, ga, gb, gc), blas.scal(m * m, 2.0, gc), copy(gc, gd),
+                        download(gd, std::span<float>(direct)))));
+    CHECK(std::memcmp(replayed.data(), direct.data(), direct.size() * sizeof(float)) == 0);
+    std::vector<float> half(m * m);
+    for (int i = 0; i < m * m; ++i) half[i] = replayed[i] / 2.0f;
+    CHECK(gemm_rel_error(a, b, half, m) < 1e-5);
+  }
+  CHECK(rec.value().replays() == 2);
+
+  // Refused at record time: a transfer from host memory, cuRAND.
+  std::vector<float> host(m * m);
+  auto up = run(record(dev, upload(host, ga)));
+  REQUIRE_FALSE(up);
+  CHECK(up.error().code() == errc::not_supported);
+#if ATOMR_CUDA_HAS_CURAND
+  auto rng = rng_actor::create(dev).value();
+  auto rr = run(record(dev, blas.scal(m * m, 2.0, gc), rng.uniform(ga)));
+  REQUIRE_FALSE(rr);
+  CHECK(rr.error().code() == errc::not_supported);
+  CHECK(rr.error().message().find("record: step 2 of 2") != std::string::npos);
+#endif
+
+  // A fault: the worker is replaced, the recording is stale, nothing launched.
+  auto f = run(detail::inject_isolated_fault(
+      dev.impl(), static_cast<std::uint16_t>(wire::fault_kind::illegal_address)));
+  REQUIRE_FALSE(f);
+  REQUIRE(wait_health(health_state::healthy, 30s));
+  auto stale = run(replay(rec.value()));
+  REQUIRE_FALSE(stale);
+  CHECK(stale.error().code() == errc::stale_ref);
+  CHECK(rec.value().replays() == 2);
+}
+
 TEST_CASE_FIXTURE(iso, "isolated: bad input is refused in the service, before anything is sent") {
   open();
   auto blas = blas_actor::create(dev).value();

@@ -58,11 +58,18 @@ enum class op_code : std::uint16_t {
   /// back to back, awaited once). reply: empty, or the first error, named
   /// "compose: step k of n" by the service's step numbers
   unit = 9,
+  /// payload: as unit, unit_head::handle naming the recording: the requests
+  /// recorded into a CUDA graph in the worker (record()), nothing run.
+  /// reply: the graph's node count (u64), or the error ("record: step k of n")
+  record = 10,
+  /// payload: u64, a recording's handle: replays it. reply: empty
+  replay = 11,
 };
 
 enum class release_kind : std::uint16_t {
-  buffer = 1,  ///< a buffer handle (alloc_args::handle)
-  actor = 2,   ///< an actor id of any kind (gemm_args::actor, actor_head::actor)
+  buffer = 1,     ///< a buffer handle (alloc_args::handle)
+  actor = 2,      ///< an actor id of any kind (gemm_args::actor, actor_head::actor)
+  recording = 3,  ///< a recording's handle (unit_head::handle of op_code::record)
 };
 
 /// Faults a worker started with --test-faults injects on request.
@@ -161,8 +168,9 @@ struct gemm_args {
 
 /// op_code::unit's payload starts with this.
 struct unit_head {
-  std::uint32_t count = 0;  ///< requests that follow
-  std::uint32_t steps = 0;  ///< the service unit's step count (what errors name as n)
+  std::uint32_t count = 0;   ///< requests that follow
+  std::uint32_t steps = 0;   ///< the service unit's step count (what errors name as n)
+  std::uint64_t handle = 0;  ///< op_code::record: the recording's handle
 };
 /// One request of a unit: its op_code, the service step that made it, and
 /// the size of its payload, which follows.

@@ -322,6 +322,10 @@ private:
       buffers_.erase(id);  // freed stream-ordered once the work using it is done
       return;
     }
+    if (static_cast<wire::release_kind>(kind) == wire::release_kind::recording) {
+      recordings_.erase(id);  // its graph lives on until its last replay is done
+      return;
+    }
     lk.unlock();
     if (host_) host_->release(id);
   }
@@ -383,6 +387,9 @@ private:
   /// A host <-> device copy between the arena (registered: DMA) and `ref`.
   template <class T>
   asio::awaitable<result<void>> arena_copy(const wire::transfer_args& a, bool up) {
+    if (auto* u = cu::detail::unit_of(co_await asio::this_coro::executor); u && u->capture)
+      co_return cu::make_error(errc::not_supported,
+                               "worker: transfers through the arena cannot be recorded");
     BOOST_OUTCOME_CO_TRY(auto ref, view<T>(a.ref));
     BOOST_OUTCOME_CO_TRY(std::byte * host, arena_at(a.arena_offset, ref.size_bytes()));
     BOOST_OUTCOME_CO_TRY(auto s, transfer_stream());
@@ -595,8 +602,8 @@ private:
                          "the worker's CUDA context is poisoned by an earlier fault; it exits");
     } else {
       try {
-        if (op == wire::op_code::unit)
-          r = co_await run_unit(payload);
+        if (op == wire::op_code::unit || op == wire::op_code::record)
+          r = co_await run_unit(payload, op == wire::op_code::record);
         else
           r = co_await answer_one(op, payload);
       } catch (const std::exception& e) {
@@ -615,8 +622,9 @@ private:
       if (!host_) co_return cu::make_error(errc::device_unavailable, "the worker has no device");
       co_return co_await host_->run(q);
     }
-    if (op == wire::op_code::unit)
+    if (op == wire::op_code::unit || op == wire::op_code::record)
       co_return cu::make_error(errc::invalid_argument, "worker: a unit inside a unit");
+    if (op == wire::op_code::replay) co_return co_await replay(payload);
     if (auto done = co_await dispatch(op, payload); !done) co_return done.error();
     co_return std::string();
   }
@@ -625,8 +633,10 @@ private:
   /// enqueued as the service's step would have been, back to back on this
   /// coroutine's unit executor, then one wait (compose()'s own steps and
   /// end, for a number of steps known only now). The first failure stops
-  /// it and is named by the service's step number.
-  asio::awaitable<result<std::string>> run_unit(const std::vector<char>& payload) {
+  /// it and is named by the service's step number. `recording`
+  /// (op_code::record): the same steps recorded into a CUDA graph (record()'s
+  /// capture), kept under the head's handle; the answer is its node count.
+  asio::awaitable<result<std::string>> run_unit(const std::vector<char>& payload, bool recording) {
     namespace det = cu::detail;
     wire::unit_head head;
     std::vector<wire::unit_request> steps;
@@ -634,6 +644,12 @@ private:
       co_return cu::make_error(errc::invalid_argument, "worker: malformed unit request");
     if (!dev_) co_return cu::make_error(errc::device_unavailable, "the worker has no device");
     det::unit_recorder rec;
+    std::unique_ptr<det::unit_capture> cap;
+    if (recording) {
+      BOOST_OUTCOME_CO_TRY(cap, det::begin_recording(dev_));
+      rec.capture = cap.get();
+      rec.name = "record";
+    }
     const det::unit_executor ex(co_await asio::this_coro::executor, &rec);
     std::optional<cu::gpu_error> failed;
     const std::size_t n = head.steps;
@@ -642,21 +658,31 @@ private:
         rec.step = q.step;
         auto r = co_await answer_one(static_cast<wire::op_code>(q.op), q.payload);
         if (rec.pending_failure) {
-          failed = det::unit_step_error(rec.pending_failure->second, rec.pending_failure->first, n);
+          failed = det::unit_step_error(rec.pending_failure->second, rec.pending_failure->first, n,
+                                        rec.name);
           break;
         }
         if (!r) {
-          failed = det::unit_step_error(r.error(), q.step, n);
+          failed = det::unit_step_error(r.error(), q.step, n, rec.name);
           break;
         }
       }
       if (!rec.pending.empty() && !det::flush_pending(rec, cu::stream{}) && !failed)
-        failed = det::unit_step_error(rec.pending_failure->second, rec.pending_failure->first, n);
+        failed = det::unit_step_error(rec.pending_failure->second, rec.pending_failure->first, n,
+                                      rec.name);
       if (auto closed = rec.close_runs(); !closed && !failed) failed = closed.error();
     };
     result<void> ended = cu::outcome::success();
     try {
       co_await asio::co_spawn(ex, body(), asio::use_awaitable);
+      if (recording) {
+        auto st = det::end_recording(*cap, std::move(failed), n);
+        if (!st) co_return st.error();
+        const std::uint64_t nodes = cu::recorded_unit(st.value()).nodes();
+        std::lock_guard lk(mu_);
+        recordings_[head.handle] = cu::recorded_unit(std::move(st).value());
+        co_return std::string(wire::bytes_of(nodes));
+      }
       ended = co_await det::finish_unit(rec, dev_.options().default_completion, std::move(failed));
     } catch (...) {
       const auto e = failed ? *failed
@@ -667,6 +693,24 @@ private:
       ended = e;
     }
     if (!ended) co_return ended.error();
+    co_return std::string();
+  }
+
+  /// op_code::replay: one of the recordings this worker keeps, launched.
+  asio::awaitable<result<std::string>> replay(const std::vector<char>& payload) {
+    std::uint64_t handle = 0;
+    if (!wire::read_pod(payload, handle))
+      co_return cu::make_error(errc::invalid_argument, "worker: short request");
+    cu::recorded_unit unit;
+    {
+      std::lock_guard lk(mu_);
+      if (auto it = recordings_.find(handle); it != recordings_.end()) unit = it->second;
+    }
+    if (!unit)
+      co_return cu::make_error(errc::stale_ref,
+                               "replay: the recording is unknown to this worker (made before a "
+                               "restart, or dropped)");
+    BOOST_OUTCOME_CO_TRY(co_await cu::replay(unit, dev_.options().default_completion));
     co_return std::string();
   }
 
@@ -747,11 +791,12 @@ private:
   std::atomic<std::uint64_t> control_done_{0};
   cu::device dev_;
   std::mutex mu_;
-  std::unordered_map<std::uint64_t, buffer_entry> buffers_;  // guarded by mu_
-  std::optional<cu::detail::worker_side::actor_host> host_;  // set by open()
-  std::shared_ptr<cu::test::test_kernels> kernels_;          // guarded by mu_
-  std::deque<std::vector<std::byte>> outq_;                  // on wstrand_
-  bool writing_ = false;                                     // on wstrand_
+  std::unordered_map<std::uint64_t, buffer_entry> buffers_;          // guarded by mu_
+  std::unordered_map<std::uint64_t, cu::recorded_unit> recordings_;  // guarded by mu_
+  std::optional<cu::detail::worker_side::actor_host> host_;          // set by open()
+  std::shared_ptr<cu::test::test_kernels> kernels_;                  // guarded by mu_
+  std::deque<std::vector<std::byte>> outq_;                          // on wstrand_
+  bool writing_ = false;                                             // on wstrand_
   std::atomic<bool> dying_{false};
 };
 

@@ -33,6 +33,11 @@ result<std::unique_ptr<unit_capture>> begin_recording(const device& dev);
 /// the graph allocates memory).
 result<std::shared_ptr<graph_state>> end_recording(unit_capture& c, std::optional<gpu_error> failed,
                                                    std::size_t steps);
+/// An isolated device's recording: the requests `rec`'s steps made are
+/// recorded into a CUDA graph by the worker, which keeps it (`failed`: the
+/// error, nothing is sent). docs/design.md, "Recordings on an isolated device".
+asio::awaitable<result<std::shared_ptr<graph_state>>> end_remote_recording(
+    const device& dev, unit_recorder& rec, std::optional<gpu_error> failed, std::size_t steps);
 }  // namespace detail
 
 /// A unit recorded into an instantiated CUDA graph (record()). A cheap,
@@ -88,12 +93,14 @@ private:
 /// Costs: host time only (each step's enqueue, instantiation: tens of us to
 /// a few ms), a fresh stream, and per recording that contains cuBLAS calls a
 /// cuBLAS workspace (32 MiB on compute capability 9 and later, else 4 MiB).
-/// Never blocks the thread on the GPU. With a completion token:
+/// Never blocks the thread on the GPU. On an isolated device the worker
+/// records and keeps the graph (one request), and transfers to or from host
+/// memory are refused: upload new inputs into the recorded buffers before
+/// replay() and download after it. With a completion token:
 /// `async_from(dev.get_executor(), record(dev, step...), token)`.
 template <class... T>
 asio::awaitable<result<recorded_unit>> record(device dev, asio::awaitable<result<T>>... steps) {
   if (auto ok = dev.status(); !ok) co_return ok.error();
-  if (dev.isolated()) co_return detail::isolated_not_supported("record");
   if constexpr (sizeof...(T) == 0) {
     co_return make_error(errc::invalid_argument, "record: no steps");
   } else {
@@ -101,6 +108,17 @@ asio::awaitable<result<recorded_unit>> record(device dev, asio::awaitable<result
     if (detail::unit_of(outer))
       co_return make_error(errc::not_supported,
                            "record: a recording cannot be a step of a unit or of a recording");
+    if (dev.isolated()) {
+      // The steps' requests are kept, then recorded by the worker.
+      detail::unit_recorder rec;
+      rec.name = "record";
+      const detail::unit_executor ex(std::move(outer), &rec);
+      std::tuple<std::optional<result<T>>...> got;
+      auto failed = co_await detail::run_unit_steps(ex, got, steps...);
+      BOOST_OUTCOME_CO_TRY(auto st, co_await detail::end_remote_recording(
+                                        dev, rec, std::move(failed), sizeof...(T)));
+      co_return recorded_unit(std::move(st));
+    }
     BOOST_OUTCOME_CO_TRY(auto cap, detail::begin_recording(dev));
     detail::unit_recorder rec;
     rec.capture = cap.get();

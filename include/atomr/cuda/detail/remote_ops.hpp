@@ -71,8 +71,8 @@ asio::awaitable<result<void>> inject_isolated_fault(std::shared_ptr<device_impl>
 /// Tests: the device's last 64 changes of health, oldest first.
 std::vector<health_state> health_history(const device_impl& d);
 
-/// The errors of operations an isolated device does not offer (yet): pinned
-/// host buffers, run_kernel, recordings, and the actors other than blas.
+/// The errors of operations an isolated device does not offer: pinned host
+/// buffers and run_kernel (its enqueue is code of the service process).
 gpu_error isolated_not_supported(std::string_view what);
 
 }  // namespace atomr::cuda::detail
