@@ -270,6 +270,30 @@ struct call_wait : std::enable_shared_from_this<call_wait> {
 
 namespace {
 
+/// A request too large for a ring slot (a unit, a convolution with bias):
+/// its payload goes into an arena block and a small op_code::indirect
+/// request naming the block takes the ring, instead of the whole request
+/// taking the socket (docs/design.md, "The request rings"). The block is
+/// held until the answer. Left as it is when the arena has no block for it
+/// or its incarnation is not the request's.
+void indirect(remote_device& link, wire::op_code& op, std::string& payload,
+              std::shared_ptr<void>& keep, std::uint64_t& inc) {
+  auto got = link.try_block(payload.size());
+  if (!got || !got.value() || got.value()->bytes() < payload.size()) return;
+  auto b = std::move(got).value();
+  if (inc != 0 && inc != b->incarnation()) return;
+  std::memcpy(b->data(), payload.data(), payload.size());
+  wire::indirect_args a;
+  a.op = static_cast<std::uint16_t>(op);
+  a.arena_offset = b->offset();
+  a.size = payload.size();
+  payload.assign(wire::bytes_of(a));
+  op = wire::op_code::indirect;
+  inc = b->incarnation();
+  keep = std::make_shared<std::pair<std::shared_ptr<void>, std::shared_ptr<arena_block>>>(
+      std::move(keep), std::move(b));
+}
+
 /// One request sent to the worker and awaited (remote_call outside a unit).
 asio::awaitable<result<std::vector<char>>> send_call(device_impl& d, wire::op_code op,
                                                      std::string payload, completion how,
@@ -279,6 +303,7 @@ asio::awaitable<result<std::vector<char>>> send_call(device_impl& d, wire::op_co
   auto* link = d.remote.get();
   if (!link || !link->supervisor())
     co_return make_error(errc::device_unavailable, "the isolated device is shut down");
+  if (payload.size() > wire::ring_payload) indirect(*link, op, payload, keep, inc);
   co_return co_await asio::async_initiate<const asio::use_awaitable_t<>, void(reply_t)>(
       [&](auto handler) {
         auto w = std::make_shared<call_wait>(self);

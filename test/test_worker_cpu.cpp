@@ -597,6 +597,65 @@ TEST_CASE_FIXTURE(worker_fixture,
   REQUIRE(run_until([&] { return w->statistics().state == worker_state::stopped; }));
 }
 
+TEST_CASE_FIXTURE(worker_fixture,
+                  "worker: an indirect request's payload is read from the arena; its range and "
+                  "its contents are checked") {
+  auto o = options();
+  o.arena_bytes = std::size_t{4} << 20;
+  auto w = start(o);
+  REQUIRE(run_until([&] { return running_incarnation(w, 1); }));
+  auto a = w->arena();
+  REQUIRE(a.data);
+  // A unit of one actor request, over a ring slot: written into the arena.
+  wire::actor_head h;
+  h.kind = static_cast<std::uint16_t>(wire::actor_kind::blas);
+  h.op = static_cast<std::uint16_t>(wire::actor_op::axpy);
+  h.type = static_cast<std::uint32_t>(dtype::f64);
+  const auto one = wire::actor_payload(h, wire::level1_args{8, 1.0, 1, 1}, {{1, 0, 8}, {2, 0, 8}});
+  std::string unit;
+  wire::unit_head uh{2, 2};
+  unit.append(wire::bytes_of(uh));
+  for (std::uint32_t step : {1u, 2u}) {
+    wire::unit_entry e;
+    e.op = static_cast<std::uint16_t>(wire::op_code::actor);
+    e.step = step;
+    e.size = static_cast<std::uint32_t>(one.size());
+    unit.append(wire::bytes_of(e));
+    unit.append(one);
+  }
+  REQUIRE(unit.size() > wire::ring_payload);
+  const std::size_t off = 8192;
+  std::memcpy(a.data + off, unit.data(), unit.size());
+  auto ind = [](std::uint16_t op, std::uint64_t at, std::uint64_t size) {
+    wire::indirect_args x;
+    x.op = op;
+    x.arena_offset = at;
+    x.size = size;
+    return std::string(wire::bytes_of(x));
+  };
+  const auto deadline = std::chrono::steady_clock::now() + 60s;
+  const auto op = static_cast<std::uint16_t>(wire::op_code::indirect);
+  const auto unit_op = static_cast<std::uint16_t>(wire::op_code::unit);
+  answers fine, cut, outside, nested;
+  w->call(op, ind(unit_op, off, unit.size()), deadline, 0, fine.fn());
+  w->call(op, ind(unit_op, off, unit.size() - 1), deadline, 0, cut.fn());
+  w->call(op, ind(unit_op, o.arena_bytes - 8, unit.size()), deadline, 0, outside.fn());
+  w->call(op, ind(op, off, unit.size()), deadline, 0, nested.fn());
+  REQUIRE(run_until([&] {
+    return fine.count() == 1 && cut.count() == 1 && outside.count() == 1 && nested.count() == 1;
+  }));
+  // Read and parsed: then refused by a worker without a device.
+  CHECK(fine.by_code[errc::device_unavailable] == 1);
+  CHECK(cut.by_code[errc::invalid_argument] == 1);
+  CHECK(cut.last_message.find("malformed unit request") != std::string::npos);
+  CHECK(outside.by_code[errc::invalid_argument] == 1);
+  CHECK(outside.last_message.find("outside the arena") != std::string::npos);
+  CHECK(nested.by_code[errc::invalid_argument] == 1);
+  CHECK(w->statistics().ring_calls == 4);  // all four on the rings
+  w->stop();
+  REQUIRE(run_until([&] { return w->statistics().state == worker_state::stopped; }));
+}
+
 TEST_CASE_FIXTURE(worker_fixture, "worker: a missing executable fails at once") {
   auto o = options();
   o.executable = "/nonexistent/atomr-cuda-worker";

@@ -64,6 +64,9 @@ enum class op_code : std::uint16_t {
   record = 10,
   /// payload: u64, a recording's handle: replays it. reply: empty
   replay = 11,
+  /// payload: indirect_args: a request too large for a ring slot, whose
+  /// payload the service wrote into an arena block; answered as that request
+  indirect = 12,
 };
 
 enum class release_kind : std::uint16_t {
@@ -164,6 +167,16 @@ struct gemm_args {
   std::int64_t m = 0, n = 0, k = 0, lda = 0, ldb = 0, ldc = 0;
   double alpha = 1.0, beta = 0.0;
   ref_arg a, b, c;
+};
+
+/// op_code::indirect's payload: the request's op_code, and where its
+/// payload lies in the arena.
+struct indirect_args {
+  std::uint16_t op = 0;
+  std::uint16_t reserved = 0;
+  std::uint32_t reserved2 = 0;
+  std::uint64_t arena_offset = 0;
+  std::uint64_t size = 0;
 };
 
 /// op_code::unit's payload starts with this.

@@ -602,10 +602,24 @@ private:
                          "the worker's CUDA context is poisoned by an earlier fault; it exits");
     } else {
       try {
+        std::vector<char> moved;
+        if (op == wire::op_code::indirect) {
+          // The payload is in the arena: copied out, then answered as its request.
+          wire::indirect_args a;
+          if (!wire::read_pod(payload, a)) co_return cu::detail::worker_side::short_request();
+          auto at = arena_at(a.arena_offset, a.size);
+          if (!at) co_return at.error();
+          const char* from = reinterpret_cast<const char*>(at.value());
+          moved.assign(from, from + a.size);
+          op = static_cast<wire::op_code>(a.op);
+          if (op == wire::op_code::indirect)
+            co_return cu::make_error(errc::invalid_argument, "worker: an indirect request in one");
+        }
+        const auto& body = moved.empty() ? payload : moved;
         if (op == wire::op_code::unit || op == wire::op_code::record)
-          r = co_await run_unit(payload, op == wire::op_code::record);
+          r = co_await run_unit(body, op == wire::op_code::record);
         else
-          r = co_await answer_one(op, payload);
+          r = co_await answer_one(op, body);
       } catch (const std::exception& e) {
         r = cu::make_error(errc::library, std::string("worker: ") + e.what());
       }
