@@ -162,6 +162,7 @@ std::uint64_t recorded_unit::replays() const noexcept {
 
 asio::any_io_executor replay_executor(const recorded_unit& unit) {
   if (!unit) return {};
+  if (const auto& d = unit.state()->remote_dev) return d->executor;  // isolated
   return unit.state()->on.get_device().get_executor();
 }
 
@@ -202,8 +203,12 @@ asio::awaitable<result<void>> replay(recorded_unit unit, completion how) {
 }
 
 asio::awaitable<result<void>> replay(recorded_unit unit) {
-  const completion how =
-      unit ? unit.state()->on.get_device().options().default_completion : completion{};
+  completion how{};
+  if (unit) {
+    const auto& st = *unit.state();
+    how = st.remote_dev ? st.remote_dev->options.default_completion
+                        : st.on.get_device().options().default_completion;
+  }
   return replay(std::move(unit), how);
 }
 

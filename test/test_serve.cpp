@@ -247,6 +247,12 @@ TEST_CASE("atomr-serve: stop() closes open connections and lets the io_context r
   std::vector<std::unique_ptr<client>> idle;
   for (int i = 0; i < 8; ++i) idle.push_back(std::make_unique<client>(svc.port()));
   CHECK(idle[0]->send(http::verb::get, "/health").result_int() == 503);
+  // A client's connect completes in the kernel's backlog before the service
+  // accepts it: wait until all eight are the service's open connections.
+  const auto limit = std::chrono::steady_clock::now() + 5s;
+  while (svc.stats().open_connections < 8 && std::chrono::steady_clock::now() < limit)
+    std::this_thread::sleep_for(1ms);
+  REQUIRE(svc.stats().open_connections == 8);
   const auto t0 = std::chrono::steady_clock::now();
   svc.stop();
   for (auto& t : threads) t.join();  // would hang if anything kept the io_context busy

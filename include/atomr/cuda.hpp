@@ -20,6 +20,7 @@
 #endif
 #include <atomr/cuda/gpu_ref.hpp>
 #include <atomr/cuda/pinned.hpp>
+#include <atomr/cuda/placement.hpp>
 #if ATOMR_CUDA_HAS_CURAND
 #include <atomr/cuda/rng_actor.hpp>
 #endif
