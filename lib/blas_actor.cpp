@@ -242,12 +242,9 @@ struct blas_state {
   /// Isolated devices: the head of a request running `op` on the worker's
   /// twin of this actor (made there with these options at its first request).
   wire::actor_head remote_head(wire::actor_op op, dtype t) const {
-    wire::actor_settings s;
-    s.has_streams = remote_streams.has_value() ? 1 : 0;
-    s.streams = static_cast<std::uint8_t>(remote_streams.value_or(stream_policy::pooled));
+    auto s = lane_settings(remote_streams, remote_max_lanes);
     s.flags = static_cast<std::uint8_t>((tf32.load(std::memory_order_relaxed) ? wire::tf32 : 0) |
                                         (use_lt ? wire::lt_matmul : 0));
-    s.max_lanes = static_cast<std::uint32_t>(remote_max_lanes);
     s.cache = graph_capacity;
     return actor_head_of(remote_id, wire::actor_kind::blas, op, t, s);
   }

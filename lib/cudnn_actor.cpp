@@ -914,12 +914,9 @@ result<cudnn_actor> cudnn_actor::create(device dev, cudnn_options options) {
     namespace wire = detail::wire;
     st->remote_id = dev.impl()->remote->next_id();
     st->remote_stream = dev.main_stream();
-    auto& r = st->remote;
-    r.has_streams = options.streams.has_value() ? 1 : 0;
-    r.streams = static_cast<std::uint8_t>(options.streams.value_or(stream_policy::pooled));
+    auto& r = st->remote = detail::lane_settings(options.streams, options.max_lanes);
     r.flags = options.cuda_graphs ? wire::cuda_graphs : 0;
     r.variant = static_cast<std::uint8_t>(options.convolution_api);
-    r.max_lanes = static_cast<std::uint32_t>(options.max_lanes);
     r.cache = options.algo_cache_size;
     r.limit = options.workspace_limit;
     return cudnn_actor(std::move(st));

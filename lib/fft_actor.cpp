@@ -521,9 +521,7 @@ result<fft_actor> fft_actor::create(device dev, fft_options options) {
     // No lane here: the worker makes the actor's twin at its first request.
     st->remote_id = dev.impl()->remote->next_id();
     st->remote_stream = dev.main_stream();
-    st->remote.has_streams = options.streams.has_value() ? 1 : 0;
-    st->remote.streams = static_cast<std::uint8_t>(options.streams.value_or(stream_policy::pooled));
-    st->remote.max_lanes = static_cast<std::uint32_t>(options.max_lanes);
+    st->remote = detail::lane_settings(options.streams, options.max_lanes);
     st->remote.cache = options.plan_cache_size;
     return fft_actor(std::move(st));
   }

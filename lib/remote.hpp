@@ -22,6 +22,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -171,6 +172,16 @@ result<R> reply_value(const std::vector<char>& p, std::string_view op) {
   R v;
   std::memcpy(&v, p.data(), sizeof v);
   return v;
+}
+
+/// The options every actor's twin shares (wire form): its streams and lanes.
+inline wire::actor_settings lane_settings(const std::optional<stream_policy>& streams,
+                                          std::size_t max_lanes) {
+  wire::actor_settings s;
+  s.has_streams = streams.has_value() ? 1 : 0;
+  s.streams = static_cast<std::uint8_t>(streams.value_or(stream_policy::pooled));
+  s.max_lanes = static_cast<std::uint32_t>(max_lanes);
+  return s;
 }
 
 /// A request's head for actor `id`.

@@ -495,15 +495,12 @@ result<rng_actor> rng_actor::create(device dev, rng_options options) {
     namespace wire = detail::wire;
     st->remote_id = dev.impl()->remote->next_id();
     st->remote_stream = dev.main_stream();
-    auto& r = st->remote;
-    r.has_streams = options.streams.has_value() ? 1 : 0;
-    r.streams = static_cast<std::uint8_t>(options.streams.value_or(stream_policy::pooled));
+    auto& r = st->remote = detail::lane_settings(options.streams, options.max_lanes);
     r.variant = static_cast<std::uint8_t>(options.kind);
     r.flags = options.seed ? wire::has_seed : 0;
     r.limit = options.seed.value_or(0);
     r.offset = options.offset;
     r.dimensions = options.dimensions;
-    r.max_lanes = static_cast<std::uint32_t>(options.max_lanes);
     return rng_actor(std::move(st));
   }
   auto s = dev.acquire_stream(lanes.streams, detail::k_lib);

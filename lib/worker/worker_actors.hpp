@@ -276,6 +276,19 @@ private:
     }
   }
 
+  /// A cuDNN operation of one input x and one output y (views 0 and 1) of
+  /// f32 or f16: `call(x, y)` is its awaitable.
+  template <class Call>
+  asio::awaitable<result<std::string>> unary(const wire::actor_request& q, Call call) {
+    auto f = [&](auto t) -> asio::awaitable<result<std::string>> {
+      using T = decltype(t);
+      BOOST_OUTCOME_CO_TRY(auto x, view<T>(q, 0));
+      BOOST_OUTCOME_CO_TRY(auto y, view<T>(q, 1));
+      co_return empty(co_await call(x, y));
+    };
+    co_return co_await typed<float, half>(q, f);
+  }
+
   asio::awaitable<result<std::string>> run_cudnn(const wire::actor_request& q) {
     const auto& s = q.head.settings;
     BOOST_OUTCOME_CO_TRY(auto actor, twin(cudnn_, q.head.actor, [&] {
@@ -304,33 +317,18 @@ private:
       }
       case op::activation: {
         BOOST_OUTCOME_CO_TRY(auto a, params<wire::activation_args>(q));
-        auto f = [&](auto t) -> asio::awaitable<result<std::string>> {
-          using T = decltype(t);
-          BOOST_OUTCOME_CO_TRY(auto x, view<T>(q, 0));
-          BOOST_OUTCOME_CO_TRY(auto y, view<T>(q, 1));
-          co_return empty(co_await actor.activation_forward(a.shape, a.p, x, y));
-        };
-        co_return co_await typed<float, half>(q, f);
+        co_return co_await unary(
+            q, [&](auto x, auto y) { return actor.activation_forward(a.shape, a.p, x, y); });
       }
       case op::softmax: {
         BOOST_OUTCOME_CO_TRY(auto a, params<wire::softmax_args>(q));
-        auto f = [&](auto t) -> asio::awaitable<result<std::string>> {
-          using T = decltype(t);
-          BOOST_OUTCOME_CO_TRY(auto x, view<T>(q, 0));
-          BOOST_OUTCOME_CO_TRY(auto y, view<T>(q, 1));
-          co_return empty(co_await actor.softmax_forward(a.shape, a.algorithm, x, y));
-        };
-        co_return co_await typed<float, half>(q, f);
+        co_return co_await unary(
+            q, [&](auto x, auto y) { return actor.softmax_forward(a.shape, a.algorithm, x, y); });
       }
       case op::pooling: {
         BOOST_OUTCOME_CO_TRY(auto a, params<wire::pooling_args>(q));
-        auto f = [&](auto t) -> asio::awaitable<result<std::string>> {
-          using T = decltype(t);
-          BOOST_OUTCOME_CO_TRY(auto x, view<T>(q, 0));
-          BOOST_OUTCOME_CO_TRY(auto y, view<T>(q, 1));
-          co_return empty(co_await actor.pooling_forward(a.x, a.p, x, y));
-        };
-        co_return co_await typed<float, half>(q, f);
+        co_return co_await unary(
+            q, [&](auto x, auto y) { return actor.pooling_forward(a.x, a.p, x, y); });
       }
       case op::batchnorm: {
         BOOST_OUTCOME_CO_TRY(auto a, params<wire::batchnorm_args>(q));

@@ -37,6 +37,7 @@ struct device_set_options {
   std::vector<int> ordinals{};
   /// Every device's options (isolation included).
   device_options device{};
+  /// How pick() chooses (round robin by default).
   placement_policy policy = placement_policy::round_robin;
   /// least_loaded: how old a device's free-memory figure may be before a
   /// pick reads it again (cudaMemGetInfo, a few us each).
@@ -108,6 +109,8 @@ private:
 template <class Actor, class Options>
 class placed_actors {
 public:
+  /// Over the devices of `set`; each actor is made with `options` at the
+  /// first use of its device (no CUDA call here).
   placed_actors(device_set set, Options options)
       : set_(std::move(set)),
         options_(std::move(options)),
