@@ -31,10 +31,14 @@ result<void> launch::make_current() {
   return outcome::success();
 }
 
-result<void*> launch::access(const std::shared_ptr<detail::buffer_state>& st, bool write) {
+result<void*> launch::access(const std::shared_ptr<detail::buffer_state>& st, bool write,
+                             bool any_device) {
   BOOST_OUTCOME_TRY(detail::check_buffer(st.get(), write ? "output buffer" : "input buffer"));
   auto* d = stream_.state()->owner;
-  if (st->dev.get() != d)
+  if (any_device && st->dev.get() != d && detail::is_remote(st.get()))
+    return make_error(errc::not_supported,
+                      "a buffer of an isolated device cannot be used on another device's stream");
+  if (st->dev.get() != d && !any_device)
     return make_error(errc::invalid_argument,
                       "buffer of device " + std::to_string(st->dev->ordinal) +
                           " used on a stream of device " + std::to_string(d->ordinal));

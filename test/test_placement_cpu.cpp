@@ -112,3 +112,110 @@ TEST_CASE_FIXTURE(io_fixture,
   REQUIRE(loads.size() == 2);
   CHECK_FALSE(loads[0].accepting);
 }
+
+#if ATOMR_CUDA_HAS_NCCL
+namespace {
+/// A call of `kind` whose buffers have these element counts (no memory
+/// behind them: check_collective looks only at counts and identities).
+collective_call shaped(collective_kind kind, std::vector<std::size_t> send,
+                       std::vector<std::size_t> recv, dtype t = dtype::f32,
+                       reduce_op op = reduce_op::sum, int root = 0, int peer = 0) {
+  collective_call c;
+  c.kind = kind;
+  c.type = t;
+  c.op = op;
+  c.root = root;
+  c.peer = peer;
+  for (auto n : send) c.send.push_back({nullptr, 0, n});
+  for (auto n : recv) c.recv.push_back({nullptr, 0, n});
+  return c;
+}
+errc check(const collective_call& c, std::size_t ranks) {
+  auto r = detail::check_collective(c, ranks);
+  if (r) return errc::ok;
+  MESSAGE(r.error().message());
+  return r.error().code();
+}
+}  // namespace
+
+TEST_CASE("collectives: the shape checks of every kind, before any NCCL call") {
+  using k = collective_kind;
+  // all_reduce: one size everywhere, one buffer per rank.
+  CHECK(check(shaped(k::all_reduce, {8, 8}, {8, 8}), 2) == errc::ok);
+  CHECK(check(shaped(k::all_reduce, {8, 8}, {8, 4}), 2) == errc::invalid_argument);
+  CHECK(check(shaped(k::all_reduce, {8, 4}, {8, 4}), 2) == errc::invalid_argument);
+  CHECK(check(shaped(k::all_reduce, {8}, {8}), 2) == errc::invalid_argument);
+  CHECK(check(shaped(k::all_reduce, {0}, {0}), 1) == errc::invalid_argument);
+  CHECK(check(shaped(k::all_reduce, {8}, {8}), 0) == errc::invalid_argument);
+  // Reductions against types.
+  CHECK(check(shaped(k::all_reduce, {8}, {8}, dtype::i32, reduce_op::avg), 1) ==
+        errc::not_supported);
+  CHECK(check(shaped(k::all_reduce, {8}, {8}, dtype::bf16, reduce_op::avg), 1) == errc::ok);
+  CHECK(check(shaped(k::all_reduce, {8}, {8}, dtype::c32, reduce_op::max), 1) ==
+        errc::not_supported);
+  CHECK(check(shaped(k::all_reduce, {8}, {8}, dtype::c64, reduce_op::sum), 1) == errc::ok);
+  CHECK(check(shaped(k::all_reduce, {8}, {8}, dtype::f32, static_cast<reduce_op>(9)), 1) ==
+        errc::invalid_argument);
+  CHECK(check(shaped(k::all_reduce, {8}, {8}, static_cast<dtype>(40)), 1) ==
+        errc::invalid_argument);
+  CHECK(check(shaped(static_cast<collective_kind>(17), {8}, {8}), 1) == errc::invalid_argument);
+  // broadcast: one source, one buffer per rank of its size, root a rank.
+  CHECK(check(shaped(k::broadcast, {8}, {8, 8, 8}, dtype::f32, reduce_op::sum, 2), 3) == errc::ok);
+  CHECK(check(shaped(k::broadcast, {8}, {8, 8, 8}, dtype::f32, reduce_op::sum, 3), 3) ==
+        errc::invalid_argument);
+  CHECK(check(shaped(k::broadcast, {8}, {8, 9, 8}), 3) == errc::invalid_argument);
+  CHECK(check(shaped(k::broadcast, {8, 8}, {8, 8}), 2) == errc::invalid_argument);
+  // reduce: one destination of the send size.
+  CHECK(check(shaped(k::reduce, {8, 8}, {8}, dtype::f32, reduce_op::min, 1), 2) == errc::ok);
+  CHECK(check(shaped(k::reduce, {8, 8}, {4}), 2) == errc::invalid_argument);
+  CHECK(check(shaped(k::reduce, {8, 8}, {8}, dtype::f32, reduce_op::sum, -1), 2) ==
+        errc::invalid_argument);
+  // all_gather: recv = ranks x send.
+  CHECK(check(shaped(k::all_gather, {5, 5, 5}, {15, 15, 15}), 3) == errc::ok);
+  CHECK(check(shaped(k::all_gather, {5, 5, 5}, {15, 15, 10}), 3) == errc::invalid_argument);
+  CHECK(check(shaped(k::all_gather, {5, 6, 5}, {15, 18, 15}), 3) == errc::invalid_argument);
+  // reduce_scatter: send = ranks x recv.
+  CHECK(check(shaped(k::reduce_scatter, {12, 12}, {6, 6}), 2) == errc::ok);
+  CHECK(check(shaped(k::reduce_scatter, {12, 12}, {6, 5}), 2) == errc::invalid_argument);
+  CHECK(check(shaped(k::reduce_scatter, {12, 10}, {6, 6}), 2) == errc::invalid_argument);
+  // send_recv: both ranks in range, one buffer each of one size.
+  CHECK(check(shaped(k::send_recv, {4}, {4}, dtype::f32, reduce_op::sum, 0, 1), 2) == errc::ok);
+  CHECK(check(shaped(k::send_recv, {4}, {4}, dtype::f32, reduce_op::sum, 0, 0), 1) == errc::ok);
+  CHECK(check(shaped(k::send_recv, {4}, {4}, dtype::f32, reduce_op::sum, 0, 2), 2) ==
+        errc::invalid_argument);
+  CHECK(check(shaped(k::send_recv, {4}, {3}, dtype::f32, reduce_op::sum, 0, 1), 2) ==
+        errc::invalid_argument);
+  CHECK(to_string(collective_kind::reduce_scatter) == "reduce_scatter");
+  CHECK(to_string(reduce_op::avg) == "avg");
+  CHECK(to_string(static_cast<reduce_op>(9)) == "unknown");
+}
+
+TEST_CASE("collectives: one allocation used twice by a call must be exactly in place") {
+  // The check compares the views' states by identity only (never reads
+  // them): a pointer that shares an int's ownership stands for "one
+  // allocation" without a device.
+  auto owner = std::make_shared<int>(0);
+  std::shared_ptr<detail::buffer_state> one(owner,
+                                            reinterpret_cast<detail::buffer_state*>(owner.get()));
+  auto with = [&](collective_kind kind, detail::collective_view s, detail::collective_view r,
+                  std::size_t ranks) {
+    collective_call c;
+    c.kind = kind;
+    for (std::size_t q = 0; q < ranks; ++q) {
+      c.send.push_back(q == 0 ? s : detail::collective_view{nullptr, 0, s.count});
+      c.recv.push_back(q == 0 ? r : detail::collective_view{nullptr, 0, r.count});
+    }
+    return check(c, ranks);
+  };
+  using k = collective_kind;
+  CHECK(with(k::all_reduce, {one, 0, 8}, {one, 0, 8}, 1) == errc::ok);                // in place
+  CHECK(with(k::all_reduce, {one, 0, 8}, {one, 4, 8}, 1) == errc::invalid_argument);  // overlap
+  CHECK(with(k::all_reduce, {one, 0, 8}, {one, 8, 8}, 1) == errc::ok);                // disjoint
+  // all_gather in place: rank 0's send is block 0 of its recv.
+  CHECK(with(k::all_gather, {one, 0, 4}, {one, 0, 8}, 2) == errc::ok);
+  CHECK(with(k::all_gather, {one, 2, 4}, {one, 0, 8}, 2) == errc::invalid_argument);
+  // reduce_scatter in place: rank 0's recv is block 0 of its send.
+  CHECK(with(k::reduce_scatter, {one, 0, 8}, {one, 0, 4}, 2) == errc::ok);
+  CHECK(with(k::reduce_scatter, {one, 0, 8}, {one, 1, 4}, 2) == errc::invalid_argument);
+}
+#endif

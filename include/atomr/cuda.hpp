@@ -7,6 +7,7 @@
 #include <atomr/cuda/graph.hpp>
 #if ATOMR_CUDA_HAS_CUBLAS
 #include <atomr/cuda/blas_actor.hpp>
+#include <atomr/cuda/collective_actor.hpp>
 #endif
 #include <atomr/cuda/copy.hpp>
 #if ATOMR_CUDA_HAS_CUDNN

@@ -259,12 +259,51 @@ requires std::same_as<std::ranges::range_value_t<R>, T> &&
                   std::move(o));
 }
 
+namespace detail {
+/// copy() between buffers of two in-process devices: cudaMemcpyPeerAsync on
+/// the destination device's stream, which first waits for the source's
+/// earlier writes (events of the source device); the source is then stamped
+/// with the copy's event, so later writers on its own device wait for it.
+/// Direct over NVLink or PCIe where peer access is enabled (device_set
+/// enables it at open), staged through host memory by the driver otherwise.
+template <element T>
+asio::awaitable<result<gpu_ref<T>>> copy_peer(gpu_ref<T> src, gpu_ref<T> dst, transfer_options o) {
+  if (is_remote(src.state().get()) || is_remote(dst.state().get()))
+    co_return make_error(errc::not_supported,
+                         "copy: between two devices, neither may be isolated (each isolated "
+                         "device is its own process): download, then upload");
+  if (unit_of(co_await asio::this_coro::executor))
+    co_return make_error(errc::not_supported,
+                         "copy: a copy between two devices cannot be a step of a unit (a unit runs "
+                         "on one device): await it alone");
+  BOOST_OUTCOME_CO_TRY(auto where, resolve_transfer(dst, o));
+  const int from = device(src.state()->dev).ordinal(), to = device(dst.state()->dev).ordinal();
+  auto enqueue = [src, dst, from, to](launch& l) -> result<gpu_ref<T>> {
+    BOOST_OUTCOME_TRY(const T* s, l.read_peer(src));
+    BOOST_OUTCOME_TRY(T * d, l.write(dst));
+    if (auto st = cudaMemcpyPeerAsync(d, to, s, from, dst.size_bytes(), l.native_stream());
+        st != cudaSuccess)
+      return classify(st, "cudaMemcpyPeerAsync");
+    return src;
+  };
+  co_return co_await run_kernel("cuda", std::move(where.first), where.second, dst,
+                                std::move(enqueue));
+}
+}  // namespace detail
+
 /// Copies device memory to device memory (cudaMemcpyAsync). Yields `dst`.
 /// Overlapping views of one allocation are refused (invalid_argument).
+/// `src` and `dst` may belong to two devices of this process (a peer copy,
+/// cudaMemcpyPeerAsync): it runs on the destination device's stream (or
+/// `o.on`, which must then be one of the destination's), ordered after the
+/// source's earlier writes; not as a step of a unit, not with an isolated
+/// device (not_supported).
 template <element T>
 asio::awaitable<result<gpu_ref<T>>> copy(gpu_ref<T> src, gpu_ref<T> dst, transfer_options o = {}) {
   BOOST_OUTCOME_CO_TRY(detail::same_size("copy", src.size(), dst.size()));
   BOOST_OUTCOME_CO_TRY(detail::disjoint(src, dst));
+  if (src.state() && dst.state() && src.state()->dev != dst.state()->dev)
+    co_return co_await detail::copy_peer(std::move(src), std::move(dst), std::move(o));
   if (detail::is_remote(dst.state().get()) || detail::is_remote(src.state().get())) {
     if (!src.state() || !dst.state())
       co_return make_error(errc::invalid_argument, "copy: empty gpu_ref");

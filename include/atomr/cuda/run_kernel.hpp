@@ -115,11 +115,32 @@ public:
     return static_cast<T*>(p) + r.offset();
   }
 
+  /// read() for a buffer of another in-process device (a copy between
+  /// devices, a collective over several): this stream waits for the
+  /// buffer's earlier writes on its own device's streams (an event of one
+  /// device may be waited on by a stream of another), and the buffer is
+  /// stamped with this launch's completion like any other. Work the enqueue
+  /// puts on streams other than this one must be ordered after it and joined
+  /// back into it by the enqueue itself.
+  template <element T>
+  result<const T*> read_peer(const gpu_ref<T>& r) {
+    BOOST_OUTCOME_TRY(void* p, access(r.state(), false, true));
+    return static_cast<const T*>(p) + r.offset();
+  }
+  /// write() for a buffer of another in-process device (see read_peer).
+  template <element T>
+  result<T*> write_peer(const gpu_ref<T>& r) {
+    BOOST_OUTCOME_TRY(void* p, access(r.state(), true, true));
+    return static_cast<T*>(p) + r.offset();
+  }
+
   /// Orders one buffer by its shared state, as read() or write() do (a
   /// recorded unit's replay orders every buffer its graph touches).
-  result<void> order(const std::shared_ptr<detail::buffer_state>& st, bool write) {
-    BOOST_OUTCOME_TRY(access(st, write));
-    return outcome::success();
+  /// `any_device`: the buffer may belong to another device (read_peer);
+  /// yields the allocation's base pointer.
+  result<void*> order(const std::shared_ptr<detail::buffer_state>& st, bool write,
+                      bool any_device = false) {
+    return access(st, write, any_device);
   }
 
   // --- used by run_kernel ---
@@ -147,7 +168,9 @@ public:
   void end_recorded();
 
 private:
-  result<void*> access(const std::shared_ptr<detail::buffer_state>& st, bool write);
+  /// `any_device`: the buffer may belong to another device (read_peer).
+  result<void*> access(const std::shared_ptr<detail::buffer_state>& st, bool write,
+                       bool any_device = false);
 
   stream stream_;
   std::string_view library_;
