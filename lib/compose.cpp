@@ -200,7 +200,11 @@ asio::awaitable<result<void>> finish_unit(unit_recorder& rec, completion how,
     throw;
   }
   if (!waited) {
-    if (waited.error() == errc::timeout || waited.error() == errc::cancelled) park_all(rec);
+    // Whatever ended the wait (a timeout, a cancellation, stop(), a fault),
+    // the GPU may still be running the stages: their keep-alives (a pinned
+    // staging block among them) wait for it; after a fault the device's
+    // monitor lets them go at once.
+    park_all(rec);
     settle_all(rec, &waited.error());
     co_return waited.error();
   }

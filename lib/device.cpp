@@ -9,6 +9,8 @@
 #include <atomr/cuda/pinned.hpp>
 
 #include <boost/asio/append.hpp>
+#include <boost/asio/associated_cancellation_slot.hpp>
+#include <boost/asio/cancellation_type.hpp>
 #include <boost/asio/bind_executor.hpp>
 #include <boost/asio/dispatch.hpp>
 #include <boost/asio/execution/context.hpp>
@@ -312,14 +314,15 @@ void device_impl::remote_unavailable(gpu_error why) {
 }
 
 void device_impl::set_health(health_state, health_state to) {
-  std::vector<asio::any_completion_handler<void(health_state)>> obs;
+  std::vector<std::shared_ptr<health_observer>> obs;
   {
     std::lock_guard lk(mu_);
     obs.swap(observers_);
     if (history_.size() == 64) history_.erase(history_.begin());
     history_.push_back(to);
   }
-  for (auto& h : obs) post_to(executor, std::move(h), to);
+  for (auto& o : obs)
+    if (auto h = o->take()) post_to(executor, std::move(*h), to);
   // Fail every watched wait now rather than at its next tick.
   asio::post(strand_, [self = shared_from_this()] {
     self->on_monitor_tick();
@@ -384,7 +387,27 @@ void device_impl::add_observer(asio::any_completion_handler<void(health_state)> 
     post_to(executor, std::move(h), now);
     return;
   }
-  observers_.push_back(std::move(h));
+  auto slot = asio::get_associated_cancellation_slot(h);
+  auto ob = std::make_shared<health_observer>();
+  ob->handler.emplace(std::move(h));
+  observers_.push_back(ob);
+  lk.unlock();
+  // Any cancellation type completes the wait at once with the health of
+  // that moment (the signature has no error code): the observer leaves the
+  // list, so cancelled watches do not pile up between two changes. The
+  // slot is only touched here, on the initiating thread, as Asio requires.
+  if (slot.is_connected())
+    slot.assign([ob, weak = weak_from_this()](asio::cancellation_type) {
+      auto h = ob->take();
+      if (!h) return;  // completed by a change already
+      auto self = weak.lock();
+      if (!self) return;  // the device is gone: its context is shutting down
+      {
+        std::lock_guard lk(self->mu_);
+        std::erase(self->observers_, ob);
+      }
+      post_to(self->executor, std::move(*h), self->health.load());
+    });
 }
 
 void device_impl::probe_context() {

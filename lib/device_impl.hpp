@@ -254,7 +254,19 @@ private:
   mutable std::mutex mu_;  // fault_, init_error_, observers_, per_owner_
   std::optional<gpu_error> fault_;
   gpu_error init_error_;
-  std::vector<asio::any_completion_handler<void(health_state)>> observers_;
+  /// One async_wait_health_change: its handler, taken once (by a change of
+  /// health, its cancellation, or the context's shutdown).
+  struct health_observer {
+    std::mutex mu;
+    std::optional<asio::any_completion_handler<void(health_state)>> handler;
+    std::optional<asio::any_completion_handler<void(health_state)>> take() {
+      std::lock_guard lk(mu);
+      auto h = std::move(handler);
+      handler.reset();
+      return h;
+    }
+  };
+  std::vector<std::shared_ptr<health_observer>> observers_;
   std::vector<health_state> history_;
   std::map<std::string, std::shared_ptr<stream_state>, std::less<>> per_owner_;
 

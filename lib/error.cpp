@@ -13,11 +13,12 @@ constexpr std::string_view k_cublas = "cublas";
 constexpr std::string_view k_cudnn = "cudnn";
 constexpr std::string_view k_cufft = "cufft";
 constexpr std::string_view k_curand = "curand";
+constexpr std::string_view k_nccl = "nccl";
 constexpr std::string_view k_atomr = "atomr";
 
 // gpu_error stores a string_view, so every tag must be one of the literals above.
 std::string_view canonical_library(std::string_view lib) noexcept {
-  for (std::string_view known : {k_cuda, k_cublas, k_cudnn, k_cufft, k_curand, k_atomr}) {
+  for (std::string_view known : {k_cuda, k_cublas, k_cudnn, k_cufft, k_curand, k_nccl, k_atomr}) {
     if (lib == known) return known;
   }
   return k_atomr;

@@ -532,8 +532,13 @@ TEST_CASE("tagged()") {
     const gpu_error a = make_error(errc::timeout, "waited").tagged("cusparse");
     CHECK(a.library() == "atomr");
     CHECK(a.message() == "waited");
-    const gpu_error c = classify(cudaErrorInvalidValue).tagged("nccl");
+    const gpu_error c = classify(cudaErrorInvalidValue).tagged("cusparse");
     CHECK(c.library() == "cuda");
+  }
+  SUBCASE("nccl is a known tag (collective_actor's errors)") {
+    const gpu_error a = make_error(errc::library, "group failed").tagged("nccl");
+    CHECK(a.library() == "nccl");
+    CHECK(a.message() == "nccl: group failed");
   }
   SUBCASE("an atomr error can be tagged cuda") {
     const gpu_error t = make_error(errc::driver, "event pool empty").tagged("cuda");

@@ -8,6 +8,11 @@
 
 #include <doctest/doctest.h>
 
+#include <boost/asio/bind_cancellation_slot.hpp>
+#include <boost/asio/cancellation_signal.hpp>
+#include <boost/asio/experimental/awaitable_operators.hpp>
+#include <boost/asio/steady_timer.hpp>
+
 #include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -18,6 +23,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -272,6 +278,73 @@ TEST_CASE_FIXTURE(
   REQUIRE_FALSE(a);
   CHECK(a.error().code() == errc::device_unavailable);
   CHECK(a.error().message().find("stopped") != std::string::npos);
+}
+
+
+TEST_CASE_FIXTURE(iso_fixture,
+                  "health watch: a cancelled async_wait_health_change completes at once with the "
+                  "health of the moment; it races a timer with ||; the default token is deferred") {
+  // A worker that never says hello: the device stays starting, a passing
+  // state, so a watch waits for the next change (which never comes here).
+  const auto script = silent_worker();
+  auto o = options({});
+  o.isolation.worker_executable = script;
+  int pid = 0;
+  {
+    auto dev = device(ioc.get_executor(), 0, o);
+    REQUIRE(dev.health() == health_state::starting);
+    REQUIRE(run_until([&] { return dev.statistics().worker_pid > 0; }));
+    pid = dev.statistics().worker_pid;
+
+    // Cancelled through its slot: completes once, with `starting`.
+    int calls = 0;
+    std::optional<health_state> got;
+    asio::cancellation_signal sig;
+    dev.async_wait_health_change(asio::bind_cancellation_slot(sig.slot(), [&](health_state h) {
+      ++calls;
+      got = h;
+    }));
+    CHECK_FALSE(run_until([&] { return got.has_value(); }, 50ms));
+    sig.emit(asio::cancellation_type::terminal);
+    REQUIRE(run_until([&] { return got.has_value(); }));
+    CHECK(*got == health_state::starting);
+
+    // Raced against a timer: the timer wins, the watch is cancelled and done.
+    auto raced = run([&]() -> asio::awaitable<std::size_t> {
+      using namespace asio::experimental::awaitable_operators;
+      asio::steady_timer t(co_await asio::this_coro::executor, 30ms);
+      auto which = co_await (dev.async_wait_health_change(asio::use_awaitable) ||
+                             t.async_wait(asio::use_awaitable));
+      co_return which.index();
+    }());
+    CHECK(raced == 1);
+
+    // No token: a deferred operation, awaitable in a coroutine (Boost 1.81
+    // included), here cancelled by a partial cancellation of its coroutine.
+    asio::cancellation_signal outer;
+    std::optional<health_state> deferred_got;
+    asio::co_spawn(
+        ioc,
+        [&]() -> asio::awaitable<void> {
+          co_await asio::this_coro::reset_cancellation_state(asio::enable_partial_cancellation());
+          deferred_got = co_await dev.async_wait_health_change();
+        },
+        asio::bind_cancellation_slot(outer.slot(), [](std::exception_ptr) {}));
+    CHECK_FALSE(run_until([&] { return deferred_got.has_value(); }, 50ms));
+    outer.emit(asio::cancellation_type::partial);
+    REQUIRE(run_until([&] { return deferred_got.has_value(); }));
+    CHECK(*deferred_got == health_state::starting);
+
+    // A real change still reaches a watch that was not cancelled; the
+    // cancelled one is not called again.
+    std::optional<health_state> changed;
+    dev.async_wait_health_change([&](health_state h) { changed = h; });
+    dev.stop();
+    REQUIRE(run_until([&] { return changed.has_value(); }));
+    CHECK(*changed == health_state::stopped);
+    CHECK(calls == 1);
+  }
+  REQUIRE(run_until([&] { return pid_gone(pid); }));
 }
 
 #else

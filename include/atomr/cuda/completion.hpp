@@ -5,7 +5,7 @@
 
 #include <boost/asio/any_completion_handler.hpp>
 #include <boost/asio/async_result.hpp>
-#include <boost/asio/async_result.hpp>
+#include <boost/asio/deferred.hpp>
 #include <boost/asio/any_io_executor.hpp>
 
 #include <chrono>
@@ -56,8 +56,10 @@ struct completion {
   /// the handler's cancellation slot (terminal, partial or total): yields
   /// errc::cancelled. The CUDA call used: cudaEventRecord, then
   /// cudaEventQuery (event_poll), cudaLaunchHostFunc (host_fn) or
-  /// cudaEventSynchronize on a worker thread (blocking_sync).
-  template <class Token = asio::default_completion_token_t<asio::any_io_executor>>
+  /// cudaEventSynchronize on a worker thread (blocking_sync). Without a
+  /// token it returns a deferred operation (asio::deferred), on every Boost
+  /// from 1.81: `co_await how.async_wait(s)` works in a coroutine.
+  template <class Token = asio::deferred_t>
   auto async_wait(const stream& s, Token&& token = {}) const;
 };
 

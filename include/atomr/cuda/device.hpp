@@ -10,6 +10,7 @@
 #include <boost/asio/any_completion_handler.hpp>
 #include <boost/asio/any_io_executor.hpp>
 #include <boost/asio/async_result.hpp>
+#include <boost/asio/deferred.hpp>
 
 #include <chrono>
 #include <cstddef>
@@ -271,7 +272,11 @@ public:
   /// stopped or unavailable; from starting, poisoned and restarting it waits
   /// for the next change, as a new worker follows).
   /// An empty handle completes at once with health_state::unavailable.
-  template <class Token = asio::default_completion_token_t<asio::any_io_executor>>
+  /// Cancellable through the handler's cancellation slot (any type): it
+  /// then completes at once with the health of that moment, so it may be
+  /// raced against a timer with `||`. Without a token it returns a deferred
+  /// operation (asio::deferred), on every Boost from 1.81.
+  template <class Token = asio::deferred_t>
   auto async_wait_health_change(Token&& token = {}) {
     return asio::async_initiate<Token, void(health_state)>(
         [](auto handler, std::shared_ptr<detail::device_impl> impl) {

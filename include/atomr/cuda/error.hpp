@@ -55,7 +55,8 @@ public:
 
   /// What went wrong (errc): what callers and supervise() decide on.
   errc code() const noexcept { return code_; }
-  /// "cuda", "cublas", "cudnn", "cufft", "curand" or "atomr" (checks done by this library).
+  /// "cuda", "cublas", "cudnn", "cufft", "curand", "nccl" or "atomr" (checks
+  /// done by this library).
   std::string_view library() const noexcept { return library_; }
   /// The library's status number (cudaError_t, cublasStatus_t, ...); 0 for our own checks.
   int native_status() const noexcept { return native_; }

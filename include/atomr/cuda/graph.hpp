@@ -59,8 +59,10 @@ public:
   std::size_t steps() const noexcept;
   /// The graph's nodes (kernels, copies, memsets...), as CUDA recorded them.
   std::size_t nodes() const noexcept;
-  /// The device generation it was recorded in: after a fault or stop, replays
-  /// yield stale_ref without any CUDA call.
+  /// The device generation it was recorded in. A replay checks the device
+  /// first (context_poisoned after a fault, device_unavailable after stop(),
+  /// as any operation), then this generation: after an isolated device's
+  /// worker restart it yields stale_ref. Neither makes a CUDA call.
   std::uint64_t generation() const noexcept;
   /// Replays launched so far.
   std::uint64_t replays() const noexcept;

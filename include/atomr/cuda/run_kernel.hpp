@@ -406,8 +406,9 @@ asio::awaitable<result<O>> run_kernel(std::string_view library, stream s, comple
       throw;
     }
     if (!waited) {
-      if (status.enqueued && status.ev && kept &&
-          (waited.error() == errc::timeout || waited.error() == errc::cancelled))
+      // Any error of the wait (timeout, cancellation, stop(), a fault): the
+      // GPU may still use what the enqueue was given (see below).
+      if (status.enqueued && status.ev && kept)
         detail::park_with_output(l, status.ev, std::move(*kept), std::move(output));
       co_return l.fail(waited.error());
     }
@@ -442,8 +443,11 @@ asio::awaitable<result<O>> run_kernel(std::string_view library, stream s, comple
     throw;
   }
   if (!waited) {
-    if (waited.error() == errc::timeout || waited.error() == errc::cancelled)
-      detail::park_with_output(l, done.value(), std::move(keep_in_frame), std::move(output));
+    // Whatever ended the wait, the GPU may still be using the keep-alives
+    // (a pinned staging block the DMA reads, a workspace): they are parked
+    // until its event completes (at once after a fault: a dead context runs
+    // nothing more).
+    detail::park_with_output(l, done.value(), std::move(keep_in_frame), std::move(output));
     co_return l.fail(waited.error());
   }
   l.succeed();
