@@ -280,7 +280,6 @@ TEST_CASE_FIXTURE(
   CHECK(a.error().message().find("stopped") != std::string::npos);
 }
 
-
 TEST_CASE_FIXTURE(iso_fixture,
                   "health watch: a cancelled async_wait_health_change completes at once with the "
                   "health of the moment; it races a timer with ||; the default token is deferred") {
