@@ -158,6 +158,22 @@ result<void> check_collective(const collective_call& c, std::size_t ranks) {
                       op + ": send and recv of rank " + std::to_string(r) +
                           " overlap in one allocation without being in place");
   };
+  // all_gather and reduce_scatter: `whole[r]` holds ranks blocks of
+  // `part[r]`'s size, every rank's parts of one size.
+  auto blocks = [&](const std::vector<collective_view>& whole, std::string_view whole_name,
+                    const std::vector<collective_view>& part,
+                    std::string_view part_name) -> result<void> {
+    BOOST_OUTCOME_TRY(per_rank(c.send, "send"));
+    BOOST_OUTCOME_TRY(per_rank(c.recv, "recv"));
+    const std::string part0 = std::string(part_name) + "[0] has";
+    const std::string times = "ranks x " + std::string(part_name) + " =";
+    for (std::size_t r = 0; r < ranks; ++r) {
+      BOOST_OUTCOME_TRY(sized(part[r], part_name, r, part[0].count, part0));
+      BOOST_OUTCOME_TRY(sized(whole[r], whole_name, r, ranks * part[r].count, times));
+      BOOST_OUTCOME_TRY(overlap(whole[r], part[r], r * part[r].count, r));
+    }
+    return outcome::success();
+  };
   switch (c.kind) {
     case collective_kind::all_reduce: {
       BOOST_OUTCOME_TRY(per_rank(c.send, "send"));
@@ -193,28 +209,12 @@ result<void> check_collective(const collective_call& c, std::size_t ranks) {
       return overlap(c.send[static_cast<std::size_t>(c.root)], c.recv[0], 0,
                      static_cast<std::size_t>(c.root));
     }
-    case collective_kind::all_gather: {
-      BOOST_OUTCOME_TRY(per_rank(c.send, "send"));
-      BOOST_OUTCOME_TRY(per_rank(c.recv, "recv"));
-      for (std::size_t r = 0; r < ranks; ++r) {
-        BOOST_OUTCOME_TRY(sized(c.send[r], "send", r, c.send[0].count, "send[0] has"));
-        BOOST_OUTCOME_TRY(sized(c.recv[r], "recv", r, ranks * c.send[r].count, "ranks x send ="));
-        // In place: send[r] is rank r's block of recv[r].
-        BOOST_OUTCOME_TRY(overlap(c.recv[r], c.send[r], r * c.send[r].count, r));
-      }
-      return outcome::success();
-    }
-    case collective_kind::reduce_scatter: {
-      BOOST_OUTCOME_TRY(per_rank(c.send, "send"));
-      BOOST_OUTCOME_TRY(per_rank(c.recv, "recv"));
-      for (std::size_t r = 0; r < ranks; ++r) {
-        BOOST_OUTCOME_TRY(sized(c.recv[r], "recv", r, c.recv[0].count, "recv[0] has"));
-        BOOST_OUTCOME_TRY(sized(c.send[r], "send", r, ranks * c.recv[r].count, "ranks x recv ="));
-        // In place: recv[r] is rank r's block of send[r].
-        BOOST_OUTCOME_TRY(overlap(c.send[r], c.recv[r], r * c.recv[r].count, r));
-      }
-      return outcome::success();
-    }
+    case collective_kind::all_gather:
+      // recv[r] holds every rank's send block; in place: send[r] is rank r's block of it.
+      return blocks(c.recv, "recv", c.send, "send");
+    case collective_kind::reduce_scatter:
+      // send[r] holds every rank's block; in place: recv[r] is rank r's block of it.
+      return blocks(c.send, "send", c.recv, "recv");
     case collective_kind::send_recv: {
       BOOST_OUTCOME_TRY(rank_ok(c.root, "sender"));
       BOOST_OUTCOME_TRY(rank_ok(c.peer, "receiver"));

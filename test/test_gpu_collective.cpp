@@ -7,6 +7,8 @@
 
 #include "gpu_fixture.hpp"
 
+#include <boost/asio/experimental/awaitable_operators.hpp>
+
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -57,6 +59,17 @@ struct ranks_fixture : gpu_fixture {
       out.push_back(whole.subspan(2, count).value());
     }
     return out;
+  }
+  /// Elements of `got` that differ from the sum over the ranks of `host`.
+  std::size_t wrong_sums(const std::vector<float>& got,
+                         const std::vector<std::vector<float>>& host) const {
+    std::size_t wrong = 0;
+    for (std::size_t i = 0; i < got.size(); ++i) {
+      double want = 0;
+      for (const auto& h : host) want += h[i];
+      wrong += got[i] != static_cast<float>(want);
+    }
+    return wrong;
   }
   std::vector<float> get(const gpu_ref<float>& r) {
     std::vector<float> out(r.size());
@@ -109,16 +122,7 @@ TEST_CASE_FIXTURE(ranks_fixture,
     // In place: send[r] == recv[r].
     auto inplace = put(host);
     REQUIRE(run(nccl.all_reduce(inplace, inplace)));
-    for (std::size_t r = 0; r < n; ++r) {
-      const auto got = get(inplace[r]);
-      std::size_t wrong = 0;
-      for (std::size_t i = 0; i < count; ++i) {
-        double want = 0;
-        for (std::size_t q = 0; q < n; ++q) want += host[q][i];
-        wrong += got[i] != static_cast<float>(want);
-      }
-      CHECK(wrong == 0);
-    }
+    for (std::size_t r = 0; r < n; ++r) CHECK(wrong_sums(get(inplace[r]), host) == 0);
 
     const int root = static_cast<int>(n - 1);
     auto bcast = empty_like(count);
@@ -127,16 +131,7 @@ TEST_CASE_FIXTURE(ranks_fixture,
 
     auto reduced = set[0].allocate<float>(count).value();
     REQUIRE(run(nccl.reduce(send, reduced, reduce_op::sum, 0)));
-    {
-      const auto got = get(reduced);
-      std::size_t wrong = 0;
-      for (std::size_t i = 0; i < count; ++i) {
-        double want = 0;
-        for (std::size_t q = 0; q < n; ++q) want += host[q][i];
-        wrong += got[i] != static_cast<float>(want);
-      }
-      CHECK(wrong == 0);
-    }
+    CHECK(wrong_sums(get(reduced), host) == 0);
 
     auto gathered = empty_like(n * count);
     REQUIRE(run(nccl.all_gather(send, gathered)));
@@ -246,9 +241,9 @@ TEST_CASE_FIXTURE(ranks_fixture,
                   "collectives: ordering with other streams is kept by events (a missing wait "
                   "shows as wrong numbers)") {
   // 16 Mi floats per rank: an upload on the device's main stream, the
-  // all_reduce on the actor's rank streams, a scale on a blas lane, a
-  // download on the main stream, with no wait in between; then again,
-  // overwriting the inputs at once (a write after the collective's read).
+  // all_reduce on the actor's rank streams and an overwrite of its input on
+  // the main stream again, each enqueued while the one before it runs (a
+  // read after a write, then a write after the read, across streams).
   const std::size_t count = std::size_t{1} << 24;
   std::vector<std::vector<float>> host;
   for (std::size_t r = 0; r < n; ++r) host.push_back(small_ints(count, 40 + r));
@@ -259,25 +254,25 @@ TEST_CASE_FIXTURE(ranks_fixture,
       recv.push_back(set[r].allocate<float>(count).value());
     }
     auto body = [&]() -> asio::awaitable<result<std::vector<float>>> {
-      for (std::size_t r = 0; r < n; ++r) {
+      using namespace asio::experimental::awaitable_operators;
+      for (std::size_t r = 1; r < n; ++r) {
         BOOST_OUTCOME_CO_TRY(co_await upload(std::span<const float>(host[r]), send[r]));
       }
-      BOOST_OUTCOME_CO_TRY(co_await nccl.all_reduce(send, recv));
-      // Overwrite rank 0's input right away: must wait for the collective's read.
-      BOOST_OUTCOME_CO_TRY(co_await fill_bytes(send[0], 0));
+      // `&&` starts each operation when the one before it has enqueued and
+      // suspended: rank 0's upload is still running when the collective is
+      // enqueued, and the collective when send[0] is overwritten.
+      auto [up, reduced, filled] = co_await (upload(std::span<const float>(host[0]), send[0]) &&
+                                             nccl.all_reduce(send, recv) && fill_bytes(send[0], 0));
+      BOOST_OUTCOME_CO_TRY(up);
+      BOOST_OUTCOME_CO_TRY(reduced);
+      BOOST_OUTCOME_CO_TRY(filled);
       std::vector<float> out(count);
       BOOST_OUTCOME_CO_TRY(co_await download(recv[n - 1], std::span<float>(out)));
       co_return out;
     };
     auto got = run(body());
     REQUIRE(got);
-    std::size_t wrong = 0;
-    for (std::size_t i = 0; i < count; ++i) {
-      double want = 0;
-      for (std::size_t q = 0; q < n; ++q) want += host[q][i];
-      wrong += got.value()[i] != static_cast<float>(want);
-    }
-    CHECK(wrong == 0);
+    CHECK(wrong_sums(got.value(), host) == 0);
   }
 }
 
