@@ -10,6 +10,8 @@
 #include <boost/asio/detached.hpp>
 #include <boost/asio/experimental/awaitable_operators.hpp>
 
+#include <algorithm>
+#include <optional>
 #include <thread>
 #include <variant>
 
@@ -469,4 +471,35 @@ TEST_CASE("dropping the io_context while launch threads drain a busy stream") {
     CHECK(again.value().health() == health_state::healthy);
     CHECK(again.value().statistics().ops_in_flight == 0);  // a fresh device
   }
+}
+
+TEST_CASE_FIXTURE(gpu_fixture,
+                  "a wait ended by stop() parks its keep-alives until the GPU is done (a queued "
+                  "download's staging block is not reused early)") {
+  test_kernels kernels;
+  const std::size_t n = std::size_t{1} << 20;
+  auto src = alloc<float>(n);
+  REQUIRE(run(fill_bytes(src, 0)));
+  // A 300 ms spin on the main stream, then a pageable download queued behind it.
+  auto s = dev.main_stream();
+  REQUIRE(kernels.spin(s.native_handle(), 300) == cudaSuccess);
+  std::vector<float> out(n, -1.0f);
+  std::optional<result<void>> got;
+  asio::co_spawn(
+      ioc, [&]() -> asio::awaitable<void> { got.emplace(co_await download(src, std::span(out))); },
+      asio::detached);
+  // Until the download has enqueued its DMA and waits.
+  REQUIRE(run_until([&] { return dev.statistics().ops_in_flight > 0; }));
+  const auto before = dev.statistics().parked;
+  dev.stop();
+  REQUIRE(run_until([&] { return got.has_value(); }));
+  REQUIRE_FALSE(*got);
+  CHECK(got->error().code() == errc::device_unavailable);
+  // The DMA is still queued behind the spin: its staging block (and the
+  // source) are parked, not handed back to the pinned pool.
+  CHECK(cudaStreamQuery(s.native_handle()) == cudaErrorNotReady);
+  CHECK(dev.statistics().parked == before + 1);
+  CHECK(std::all_of(out.begin(), out.end(), [](float v) { return v == -1.0f; }));
+  // The device's monitor lets it go once the GPU is done.
+  REQUIRE(run_until([&] { return dev.statistics().parked == before; }, 5s));
 }

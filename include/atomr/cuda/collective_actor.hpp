@@ -72,11 +72,11 @@ std::vector<collective_view> collective_views_of(std::span<const gpu_ref<T>> rs)
 /// functions below; its element type is erased. Its buffers are held until
 /// the group's GPU work has finished.
 struct collective_call {
-  collective_kind kind = collective_kind::all_reduce;
-  dtype type = dtype::f32;
-  reduce_op op = reduce_op::sum;
-  int root = 0;  ///< broadcast, reduce: the root rank; send_recv: the sending rank
-  int peer = 0;  ///< send_recv: the receiving rank
+  collective_kind kind = collective_kind::all_reduce;  ///< what the call does
+  dtype type = dtype::f32;                             ///< the buffers' element type
+  reduce_op op = reduce_op::sum;  ///< all_reduce, reduce, reduce_scatter: the reduction
+  int root = 0;                   ///< broadcast, reduce: the root rank; send_recv: the sending rank
+  int peer = 0;                   ///< send_recv: the receiving rank
   /// Per rank (all_reduce, reduce, all_gather, reduce_scatter); one buffer
   /// (broadcast: the root's source; send_recv: the sender's).
   std::vector<detail::collective_view> send;
@@ -221,34 +221,39 @@ public:
   /// Enqueues `calls` as one NCCL group and waits for them.
   asio::awaitable<result<void>> group(std::vector<collective_call> calls) const;
 
-  /// One collective, as a group of one (see the *_call functions).
+  /// One all_reduce, as a group of one (all_reduce_call).
   template <element T>
   asio::awaitable<result<void>> all_reduce(std::vector<gpu_ref<T>> send,
                                            std::vector<gpu_ref<T>> recv,
                                            reduce_op op = reduce_op::sum) const {
     return group({all_reduce_call<T>(send, recv, op)});
   }
+  /// One broadcast, as a group of one (broadcast_call).
   template <element T>
   asio::awaitable<result<void>> broadcast(gpu_ref<T> src, std::vector<gpu_ref<T>> recv,
                                           int root = 0) const {
     return group({broadcast_call<T>(src, recv, root)});
   }
+  /// One reduce, as a group of one (reduce_call).
   template <element T>
   asio::awaitable<result<void>> reduce(std::vector<gpu_ref<T>> send, gpu_ref<T> dst,
                                        reduce_op op = reduce_op::sum, int root = 0) const {
     return group({reduce_call<T>(send, dst, op, root)});
   }
+  /// One all_gather, as a group of one (all_gather_call).
   template <element T>
   asio::awaitable<result<void>> all_gather(std::vector<gpu_ref<T>> send,
                                            std::vector<gpu_ref<T>> recv) const {
     return group({all_gather_call<T>(send, recv)});
   }
+  /// One reduce_scatter, as a group of one (reduce_scatter_call).
   template <element T>
   asio::awaitable<result<void>> reduce_scatter(std::vector<gpu_ref<T>> send,
                                                std::vector<gpu_ref<T>> recv,
                                                reduce_op op = reduce_op::sum) const {
     return group({reduce_scatter_call<T>(send, recv, op)});
   }
+  /// One send_recv, as a group of one (send_recv_call).
   template <element T>
   asio::awaitable<result<void>> send_recv(int from, int to, gpu_ref<T> src, gpu_ref<T> dst) const {
     return group({send_recv_call<T>(from, to, src, dst)});
