@@ -6,6 +6,10 @@
 
 #include <atomr/cuda.hpp>
 
+#include <boost/asio/awaitable.hpp>
+#include <boost/asio/co_spawn.hpp>
+#include <boost/asio/io_context.hpp>
+
 #include <cuda_runtime_api.h>
 #include <sys/resource.h>
 
@@ -15,7 +19,9 @@
 #include <cstdlib>
 #include <ctime>
 #include <fstream>
+#include <exception>
 #include <map>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -24,6 +30,25 @@
 namespace bench {
 
 inline constexpr int exit_no_gpu = 69;  // EX_UNAVAILABLE, as the samples
+
+/// Runs `aw` to completion on `ioc` from this thread and yields its value
+/// (rethrows its exception); the io_context is stopped when it is done, so
+/// work it left behind (a parked keep-alive, a monitor tick) stays queued.
+template <class T>
+T run_one(boost::asio::io_context& ioc, boost::asio::awaitable<T> aw) {
+  std::optional<T> out;
+  std::exception_ptr err;
+  boost::asio::co_spawn(
+      ioc, [&]() -> boost::asio::awaitable<void> { out.emplace(co_await std::move(aw)); },
+      [&](std::exception_ptr e) {
+        err = e;
+        ioc.stop();
+      });
+  ioc.restart();
+  ioc.run();
+  if (err) std::rethrow_exception(err);
+  return std::move(*out);
+}
 
 /// Order statistics of a sample, in the sample's unit.
 struct stats {

@@ -28,19 +28,6 @@ using namespace atomr::cuda;
 
 namespace {
 
-template <class T>
-T run_on(asio::io_context& io, asio::awaitable<T> aw) {
-  std::optional<T> out;
-  asio::co_spawn(
-      io, [&]() -> asio::awaitable<void> { out.emplace(co_await std::move(aw)); },
-      [](std::exception_ptr e) {
-        if (e) std::rethrow_exception(e);
-      });
-  io.restart();
-  io.run();
-  return std::move(*out);
-}
-
 bool nccl_ok(ncclResult_t r, const char* what) {
   if (r == ncclSuccess) return true;
   std::fprintf(stderr, "%s: %s\n", what, ncclGetErrorString(r));
@@ -96,13 +83,13 @@ int main(int argc, char** argv) {
     for (std::size_t r = 0; r < n; ++r) {
       send.push_back(set[r].allocate<float>(count).value());
       recv.push_back(set[r].allocate<float>(count).value());
-      if (!run_on(io, fill_bytes(send[r], 0))) return 1;
+      if (!bench::run_one(io, fill_bytes(send[r], 0))) return 1;
     }
     const int iters = bytes >= (std::size_t{256} << 20) ? std::max(5, reps / 4) : reps;
     std::vector<double> lib, raw;
     for (int i = 0; i < iters + 3; ++i) {
       const double t0 = bench::now_us();
-      auto r = run_on(io, nccl.all_reduce(send, recv));
+      auto r = bench::run_one(io, nccl.all_reduce(send, recv));
       const double t1 = bench::now_us();
       if (!r) {
         std::fprintf(stderr, "all_reduce: %s\n", r.error().message().c_str());

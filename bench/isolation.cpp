@@ -40,17 +40,7 @@ struct options {
   std::vector<std::string> parts{"latency", "throughput", "pipeline", "bandwidth", "recovery"};
 };
 
-/// Runs `aw` to completion on `ioc` from this thread.
-template <class T>
-T run_one(asio::io_context& ioc, asio::awaitable<T> aw) {
-  std::optional<T> out;
-  asio::co_spawn(
-      ioc, [&]() -> asio::awaitable<void> { out.emplace(co_await std::move(aw)); },
-      [&](std::exception_ptr) { ioc.stop(); });
-  ioc.restart();
-  ioc.run();
-  return std::move(*out);
-}
+using bench::run_one;
 
 /// One device (in process or isolated) with an actor and gemm buffers.
 struct side {

@@ -3,6 +3,7 @@
 
 #include <atomr/cuda/async.hpp>
 #include <atomr/cuda/completion.hpp>
+#include <atomr/cuda/copy.hpp>
 #include <atomr/cuda/device.hpp>
 #include <atomr/cuda/element.hpp>
 #include <atomr/cuda/error.hpp>
@@ -48,22 +49,15 @@ enum class collective_kind : std::uint8_t {
 std::string_view to_string(collective_kind k) noexcept;
 
 namespace detail {
-/// One buffer of a collective, whatever its element type.
-struct collective_view {
-  std::shared_ptr<buffer_state> st;
-  std::size_t offset = 0;  ///< in elements
-  std::size_t count = 0;   ///< in elements
-};
+/// One buffer of a collective, whatever its element type: the state, the
+/// element offset and count (the isolated device's transfers use the same).
+using collective_view = remote_view;
 
-template <element T>
-collective_view collective_view_of(const gpu_ref<T>& r) {
-  return {r.state(), r.offset(), r.size()};
-}
 template <element T>
 std::vector<collective_view> collective_views_of(std::span<const gpu_ref<T>> rs) {
   std::vector<collective_view> v;
   v.reserve(rs.size());
-  for (const auto& r : rs) v.push_back(collective_view_of(r));
+  for (const auto& r : rs) v.push_back(view_of(r));
   return v;
 }
 }  // namespace detail
@@ -104,16 +98,15 @@ collective_call broadcast_call(const gpu_ref<T>& src, std::span<const gpu_ref<T>
           reduce_op::sum,
           root,
           0,
-          {detail::collective_view_of(src)},
+          {detail::view_of(src)},
           detail::collective_views_of(recv)};
 }
 /// reduce: dst = op over every rank of send[r] (dst on the root's device).
 template <element T>
 collective_call reduce_call(std::span<const gpu_ref<T>> send, const gpu_ref<T>& dst,
                             reduce_op op = reduce_op::sum, int root = 0) {
-  return {
-      collective_kind::reduce,          dtype_of<T>, op, root, 0, detail::collective_views_of(send),
-      {detail::collective_view_of(dst)}};
+  return {collective_kind::reduce,           dtype_of<T>,           op, root, 0,
+          detail::collective_views_of(send), {detail::view_of(dst)}};
 }
 /// all_gather: recv[r] = send[0] | send[1] | ... (recv[r] holds ranks x
 /// send[r].size() elements).
@@ -142,13 +135,8 @@ collective_call reduce_scatter_call(std::span<const gpu_ref<T>> send,
 /// to copies within one rank.
 template <element T>
 collective_call send_recv_call(int from, int to, const gpu_ref<T>& src, const gpu_ref<T>& dst) {
-  return {collective_kind::send_recv,
-          dtype_of<T>,
-          reduce_op::sum,
-          from,
-          to,
-          {detail::collective_view_of(src)},
-          {detail::collective_view_of(dst)}};
+  return {collective_kind::send_recv, dtype_of<T>,           reduce_op::sum, from, to,
+          {detail::view_of(src)},     {detail::view_of(dst)}};
 }
 
 /// Settings of a collective_actor, fixed at create().
