@@ -293,7 +293,7 @@ TEST_CASE_FIXTURE(ranks_fixture,
     return r.error().code();
   };
   CHECK(code(nccl.all_reduce(send, short_recv)) == errc::invalid_argument);
-  CHECK(code(nccl.all_gather(send, recv)) == errc::invalid_argument);  // needs n x 64
+  CHECK(code(nccl.all_gather(send, short_recv)) == errc::invalid_argument);  // needs n x 64
   auto fewer = send;
   fewer.pop_back();
   CHECK(code(nccl.all_reduce(fewer, recv)) == errc::invalid_argument);

@@ -734,33 +734,17 @@ TEST_CASE_FIXTURE(compose_fixture,
   std::vector<stress_size> sizes;
   for (int n : {64, 128, 256}) sizes.push_back(make_stress_size(n, 4, 1000 + n));
 
-  // Load the kernels the units use (module loading takes device memory once
-  // per process) with actors of their own, before the baseline.
-  {
-    auto b = blas_actor::create(dev).value();
-    auto d = cudnn_actor::create(dev).value();
-    for (auto& sz : sizes) {
-      const auto nn = sz.w_host.size();
-      auto w = alloc<float>(nn), x = alloc<float>(nn), y = alloc<float>(nn), z = alloc<float>(nn);
-      REQUIRE(run(upload(sz.w_host, w)));
-      std::vector<float> out(nn);
-      auto r = run(compose(dev, upload(sz.inputs[0], x), b.gemm(square(sz.n), x, w, y),
-                           d.activation_forward({1, 1, sz.n, sz.n}, {}, y, z), download(z, out)));
-      REQUIRE_MESSAGE(r, (r ? "" : r.error().message()));
-    }
-  }
-  drain_parked();
-  const auto base = idle_memory(dev, true);
-
-  {
-    stress_run s(dev, sizes, units);
+  // One stress pass: `clients` coroutines of `units` units each, every
+  // result checked, everything given back once the io threads joined.
+  auto stress = [&](int n_clients, int n_units, bool measured) {
+    stress_run s(dev, sizes, n_units);
     for (auto& sz : sizes) {
       sz.w = alloc<float>(sz.w_host.size());
       REQUIRE(run(upload(sz.w_host, sz.w)));
     }
     const auto before = idle_memory(dev, false);
-    s.requests_left = clients;
-    for (int i = 0; i < clients; ++i) {
+    s.requests_left = static_cast<std::uint64_t>(n_clients);
+    for (int i = 0; i < n_clients; ++i) {
       auto strand = asio::make_strand(ioc);
       asio::co_spawn(
           strand,
@@ -791,7 +775,7 @@ TEST_CASE_FIXTURE(compose_fixture,
     if (s.fail.count() > 0) MESSAGE(s.fail.first());
     CHECK(s.fail.count() == 0);
 
-    const auto total = static_cast<std::uint64_t>(clients) * units;
+    const auto total = static_cast<std::uint64_t>(n_clients) * static_cast<std::uint64_t>(n_units);
     const auto failed = s.cancelled.load() + s.timed_out.load();
     MESSAGE("units ", total, " in ", std::chrono::duration<double>(took).count(), " s: succeeded ",
             s.succeeded.load(), ", cancelled ", s.cancelled.load(), " (before the unit started ",
@@ -803,12 +787,15 @@ TEST_CASE_FIXTURE(compose_fixture,
             s.failed_by_mode[2].load(), ", signal ", s.ok_by_mode[3].load(), "/",
             s.failed_by_mode[3].load());
     CHECK(s.succeeded.load() + failed == total);
-    // Not vacuous: plenty of both, by each way of cancelling.
-    CHECK(s.succeeded.load() >= total / 5);
-    CHECK(s.cancelled.load() >= total / 20);
-    CHECK(s.timed_out.load() >= total / 50);
-    CHECK(s.failed_by_mode[2].load() >= total / 50);
-    CHECK(s.failed_by_mode[3].load() >= total / 50);
+    // Not vacuous: plenty of both, by each way of cancelling (deadlines
+    // pass least often: on an H200 about one unit in 16 of that mode).
+    if (measured) {
+      CHECK(s.succeeded.load() >= total / 5);
+      CHECK(s.cancelled.load() >= total / 20);
+      CHECK(s.timed_out.load() >= total / 200);
+      CHECK(s.failed_by_mode[2].load() >= total / 50);
+      CHECK(s.failed_by_mode[3].load() >= total / 50);
+    }
 
     // The io threads have joined and the device is idle: nothing parked or
     // in flight, each step of each unit counted once (a unit cancelled
@@ -821,7 +808,17 @@ TEST_CASE_FIXTURE(compose_fixture,
     CHECK(after.stats.live_buffers == before.stats.live_buffers);
     CHECK(after.pool_used == before.pool_used);
     for (auto& sz : sizes) sz.w = {};
-  }  // the actors (their lanes, handles, workspaces) go too
+  };  // the actors (their lanes, handles, workspaces) go too
+
+  // A first, smaller pass loads whatever the units touch lazily (kernels of
+  // every completion strategy and size, the library's per-stream state),
+  // which the driver keeps for the process: the baseline comes after it, so
+  // the exact comparison of free memory at the end finds only what the
+  // measured pass failed to give back.
+  stress(64, 4, false);
+  drain_parked();
+  const auto base = idle_memory(dev, true);
+  stress(clients, units, true);
   drain_parked();
   const auto end = idle_memory(dev, true);
   CHECK(end.stats.parked == 0);

@@ -587,6 +587,7 @@ TEST_CASE_FIXTURE(iso,
   REQUIRE(f);  // the well-formed unit first
   const auto good = untouched;
   std::fill(untouched.begin(), untouched.end(), 7.0f);
+  const auto restarts = dev.statistics().worker_restarts;
   const auto faulted = run(compose(
       dev, upload(a, ga),
       [](device d) -> asio::awaitable<result<void>> {
@@ -597,7 +598,10 @@ TEST_CASE_FIXTURE(iso,
   REQUIRE_FALSE(faulted);
   CHECK(faulted.error().code() == errc::context_poisoned);
   CHECK(std::all_of(untouched.begin(), untouched.end(), [](float v) { return v == 7.0f; }));
-  CHECK(wait_health(health_state::healthy, 30s));
+  CHECK(run_until([&] {
+    return dev.statistics().worker_restarts == restarts + 1 &&
+           dev.health() == health_state::healthy;
+  }));
   CHECK(gemm_rel_error(a, b, good, m) < 1e-5);
 }
 
@@ -649,10 +653,16 @@ TEST_CASE_FIXTURE(iso,
 #endif
 
   // A fault: the worker is replaced, the recording is stale, nothing launched.
+  // (The fault's answer comes before the service sees the worker go: wait
+  // for the restart itself, not for a health that may not have changed yet.)
+  const auto restarts = dev.statistics().worker_restarts;
   auto f = run(detail::inject_isolated_fault(
       dev.impl(), static_cast<std::uint16_t>(wire::fault_kind::illegal_address)));
   REQUIRE_FALSE(f);
-  REQUIRE(wait_health(health_state::healthy, 30s));
+  REQUIRE(run_until([&] {
+    return dev.statistics().worker_restarts == restarts + 1 &&
+           dev.health() == health_state::healthy;
+  }));
   auto stale = run(replay(rec.value()));
   REQUIRE_FALSE(stale);
   CHECK(stale.error().code() == errc::stale_ref);

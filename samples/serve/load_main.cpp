@@ -384,7 +384,10 @@ asio::awaitable<void> connection(run_state& st, int id) {
       st.t.latencies_us.push_back(us);
       st.t.window_us.push_back(us);
       ++st.t.ok;
-      if (st.o.check && !correct(j, res.body(), st.w)) ++st.t.wrong;
+      // Raw bodies are answered raw, JSON with JSON: the wrong kind is a wrong answer.
+      const bool raw_answer =
+          res[http::field::content_type].starts_with("application/octet-stream");
+      if (st.o.check && (raw_answer != j.raw || !correct(j, res.body(), st.w))) ++st.t.wrong;
     } else {
       ++st.t.failed;
       st.t.failed_spans.emplace_back(since(st, t1), since(st, t2));

@@ -647,7 +647,8 @@ struct service::impl : std::enable_shared_from_this<impl> {
   asio::awaitable<response> infer(const request& req) {
     std::vector<float> x;
     std::string err;
-    if (is_raw(req)) {
+    const bool raw = is_raw(req);
+    if (raw) {
       if (req.body().size() != model::input_size * sizeof(float))
         co_return bad(http::status::bad_request,
                       "the body has " + std::to_string(req.body().size()) +
@@ -709,6 +710,14 @@ struct service::impl : std::enable_shared_from_this<impl> {
     };
     if (auto ok = co_await run(); !ok) co_return failed(ok.error());
     const auto best = std::max_element(probs.begin(), probs.end()) - probs.begin();
+    if (raw) {  // raw in, raw out: the probabilities as f32, the class in a header
+      auto res = reply(
+          http::status::ok,
+          std::string(reinterpret_cast<const char*>(probs.data()), probs.size() * sizeof(float)),
+          "application/octet-stream");
+      res.set("X-Class", std::to_string(best));
+      co_return res;
+    }
     std::string body = "{\"probs\":";
     json::append_array<float>(body, probs);
     body += ",\"class\":" + std::to_string(best) + "}";
