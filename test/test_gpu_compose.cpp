@@ -23,6 +23,8 @@
 #include <atomic>
 #include <bit>
 #include <chrono>
+#include <cstdlib>
+#include <string_view>
 #include <cmath>
 #include <cstdint>
 #include <exception>
@@ -698,6 +700,17 @@ asio::awaitable<void> stress_client(stress_run* s, std::uint64_t seed,
   }
 }
 
+/// Whether the tests run under ASan (compiled in) or compute-sanitizer
+/// (scripts/device-check.sh sets ATOMR_TEST_UNDER_SANITIZER for its runs).
+bool under_sanitizer() {
+#if defined(__SANITIZE_ADDRESS__)
+  return true;
+#else
+  const char* v = std::getenv("ATOMR_TEST_UNDER_SANITIZER");
+  return v != nullptr && *v != '\0' && std::string_view(v) != "0";
+#endif
+}
+
 /// The device's memory as the stress test compares it: the statistics
 /// (cudaMemGetInfo, live buffers, parked keep-alives) and the bytes in use
 /// in the device's pool, taken once the device is idle.
@@ -789,7 +802,13 @@ TEST_CASE_FIXTURE(compose_fixture,
     CHECK(s.succeeded.load() + failed == total);
     // Not vacuous: plenty of both, by each way of cancelling (deadlines
     // pass least often: on an H200 about one unit in 16 of that mode).
-    if (measured) {
+    // Under a sanitizer the timing is another: memcheck runs each kernel as
+    // it is launched (a unit is done before its wait begins) and ASan's
+    // slower io threads see the timers late; there the numbers above are
+    // reported, every result is still checked, and these counts are not.
+    if (measured && under_sanitizer())
+      MESSAGE("under a sanitizer: the counts of cancellations are not asserted");
+    else if (measured) {
       CHECK(s.succeeded.load() >= total / 5);
       CHECK(s.cancelled.load() >= total / 20);
       CHECK(s.timed_out.load() >= total / 200);
