@@ -191,8 +191,12 @@ inline bool write_json(const std::string& path, const json& j) {
   return static_cast<bool>(f);
 }
 
-/// Exits 69 with the CUDA message when there is no usable GPU.
+/// Makes stdout line-buffered; exits 69 with the CUDA message when there is no
+/// usable GPU.
 inline void require_gpu(const char* prog) {
+  // Line by line even into a pipe: a bench stopped by a timeout keeps the
+  // rows it printed.
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);
   int n = 0;
   if (auto e = cudaGetDeviceCount(&n); e != cudaSuccess || n == 0) {
     std::fprintf(stderr, "%s: no usable GPU (%s); nothing to measure\n", prog,

@@ -144,15 +144,17 @@ int main(int argc, char** argv) {
     std::atomic<std::uint64_t> ops{0};
     std::atomic<bool> stop{false};
     std::vector<std::thread> threads;
-    asio::io_context pool;
-    auto guard = asio::make_work_guard(pool);
+    // The coroutines run on the io_context the devices were opened with (their
+    // completions are delivered there), on several threads, as a service runs.
+    io.restart();
+    auto guard = asio::make_work_guard(io);
     for (std::size_t c = 0; c < k * per_device; ++c) {
       auto actor = blas.at(c % k).value();
       auto d = actor.get_device();
       auto ga = d.allocate<float>(m * m).value(), gb = d.allocate<float>(m * m).value(),
            gc = d.allocate<float>(m * m).value();
       asio::co_spawn(
-          pool,
+          io,
           [&, actor, ga, gb, gc]() -> asio::awaitable<void> {
             gemm_params p;
             p.m = p.n = p.k = m;
@@ -165,7 +167,7 @@ int main(int argc, char** argv) {
           asio::detached);
     }
     const unsigned nthreads = static_cast<unsigned>(std::min<std::size_t>(4 * k, 16));
-    for (unsigned t = 0; t < nthreads; ++t) threads.emplace_back([&] { pool.run(); });
+    for (unsigned t = 0; t < nthreads; ++t) threads.emplace_back([&] { io.run(); });
     std::this_thread::sleep_for(std::chrono::milliseconds(200));  // warm-up
     const auto before = ops.load();
     const double t0 = bench::now_us();
