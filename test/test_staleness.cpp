@@ -162,3 +162,28 @@ TEST_CASE_FIXTURE(fake_device, "live buffer count follows ref lifetimes") {
   CHECK(dev.statistics().live_buffers == 0);
   impl->poison(make_error(errc::context_poisoned, "test teardown"));
 }
+
+TEST_CASE_FIXTURE(fake_device,
+                  "a library error met in a poisoned context is reported as context_poisoned") {
+  // Another operation's fault poisoned the device a moment before this
+  // operation's cuBLAS call failed (the isolated worker saw it with 100
+  // requests in flight across an illegal-address fault).
+  impl->note_error(classify(cudaErrorIllegalAddress, "kernel<<<>>>"));
+  REQUIRE(dev.health() == health_state::poisoned);
+  const auto failed_before = dev.statistics().ops_failed;
+  launch l(fake_stream(), "cublas");
+  const auto e = l.fail(gpu_error(errc::library, "cublas", 13,
+                                  "cublas: cublasSgemm failed: CUBLAS_STATUS_EXECUTION_FAILED"));
+  CHECK(e.code() == errc::context_poisoned);
+  CHECK(e.library() == "cublas");
+  CHECK(e.native_status() == 13);
+  CHECK(e.message().find("CUBLAS_STATUS_EXECUTION_FAILED") != std::string::npos);
+  CHECK(e.message().find("cudaErrorIllegalAddress") != std::string::npos);
+  // The device keeps its first fault; the failure is not counted as an operation
+  // that began (this launch never did).
+  CHECK(dev.statistics().faults == 1);
+  CHECK(dev.statistics().ops_failed == failed_before);
+  // Errors that are not the context's stay as they are.
+  launch other(fake_stream(), "cublas");
+  CHECK(other.fail(make_error(errc::invalid_argument, "m < 0")).code() == errc::invalid_argument);
+}
