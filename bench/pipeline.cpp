@@ -17,6 +17,7 @@
 #include <cuda_runtime_api.h>
 #include <cudnn.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <cstdio>
@@ -58,9 +59,10 @@ std::vector<float> random_matrix(std::size_t n, std::uint64_t seed) {
   return v;
 }
 
-/// relu((X W)[k]) in double (column-major), and the sum of |terms| for a tolerance.
+/// (X W)[k] in double (column-major), through relu when `relu`, and the sum
+/// of |terms| for a tolerance.
 std::pair<double, double> reference(const std::vector<float>& x, const std::vector<float>& w, int n,
-                                    std::size_t k) {
+                                    std::size_t k, bool relu = true) {
   const std::size_t r = k % n, c = k / n;
   double acc = 0, mag = 0;
   for (int j = 0; j < n; ++j) {
@@ -68,17 +70,19 @@ std::pair<double, double> reference(const std::vector<float>& x, const std::vect
     acc += t;
     mag += std::fabs(t);
   }
-  return {std::max(acc, 0.0), mag};
+  return {relu ? std::max(acc, 0.0) : acc, mag};
 }
 
 /// One request's data: fixed input, the checked element and its reference.
+/// serve_gemm's request (atomr-serve's /v1/gemm: both factors in the
+/// request, no relu) also has hb, the second factor, and its own reference.
 struct request_data {
-  std::vector<float> hx, hz;
+  std::vector<float> hx, hb, hz;
   std::size_t k = 0;
-  double ref = 0, tol = 0;
-  bool check() const {
+  double ref = 0, tol = 0, ref_ab = 0, tol_ab = 0;
+  bool check(bool ab = false) const {
     const double got = hz[k];
-    return std::isfinite(got) && std::fabs(got - ref) <= tol;
+    return std::isfinite(got) && std::fabs(got - (ab ? ref_ab : ref)) <= (ab ? tol_ab : tol);
   }
 };
 
@@ -91,6 +95,10 @@ request_data make_request_data(const std::vector<float>& w, int n, std::uint64_t
   auto [ref, mag] = reference(d.hx, w, n, d.k);
   d.ref = ref;
   d.tol = 1e-5 * mag + 1e-6;
+  d.hb = random_matrix(nn, seed + 100000);
+  auto [ref_ab, mag_ab] = reference(d.hx, d.hb, n, d.k, false);
+  d.ref_ab = ref_ab;
+  d.tol_ab = 1e-5 * mag_ab + 1e-6;
   return d;
 }
 
@@ -150,6 +158,7 @@ struct lib_ctx {
 struct lib_slot {
   request_data d;
   gpu_ref<float> x, y, z;
+  gpu_ref<float> b;  // serve_gemm: the request's second factor
   // The graph variants: the request's input and output in pinned memory (the
   // graph's copy nodes read and write them), and its unit, recorded once.
   pinned_buffer<float> in, out;
@@ -216,6 +225,11 @@ asio::awaitable<bool> one_request(lib_ctx& c, lib_slot& s, const std::string& va
         s.own_dnn->activation_forward(c.shape, {}, s.y, s.z), download(s.z, s.d.hz));
     co_return r&& s.d.check();
   }
+  if (variant == "serve_gemm") {  // atomr-serve's /v1/gemm as one unit
+    auto r = co_await compose(c.dev, upload(s.d.hx, s.x), upload(s.d.hb, s.b),
+                              c.blas.gemm(c.p, s.x, s.b, s.y), download(s.y, s.d.hz));
+    co_return r&& s.d.check(true);
+  }
   if (variant == "composed") {
     auto r =
         co_await compose(c.dev, upload(s.d.hx, s.x), c.blas.gemm(c.p, s.x, c.w, s.y),
@@ -269,9 +283,15 @@ result_row run_library(lib_ctx& c, std::vector<lib_slot>& slots, const std::stri
     }                                                                                         \
   } while (0)
 
+/// What a raw thread runs: the pipeline's request as four calls, the same
+/// captured once into a CUDA graph per slot, or serve_gemm's request (two
+/// uploads, the gemm, the download).
+enum class raw_kind { calls, graph, serve_gemm };
+
 struct raw_slot {
   request_data d;
   float *px = nullptr, *pz = nullptr, *dx = nullptr, *dy = nullptr, *dz = nullptr;
+  float *pb = nullptr, *db = nullptr;  // serve_gemm's second factor
   cudaEvent_t ev = nullptr;
   cudaGraphExec_t exec = nullptr;  // raw_graph: the slot's captured request
   bool busy = false;
@@ -279,10 +299,12 @@ struct raw_slot {
 };
 
 /// One raw thread: its own stream and handles, `depth` requests in flight.
-/// `graph`: each slot's four calls captured once into a CUDA graph
+/// raw_kind::graph: each slot's four calls captured once into a CUDA graph
 /// (stream capture), then one cudaGraphLaunch per request.
 void raw_thread(const options& o, const float* dw, const std::vector<request_data>& data, int depth,
-                const window& win, std::vector<double>& lat, std::atomic<long>& wrong, bool graph) {
+                const window& win, std::vector<double>& lat, std::atomic<long>& wrong,
+                raw_kind kind) {
+  const bool graph = kind == raw_kind::graph, ab = kind == raw_kind::serve_gemm;
   const int n = o.n;
   const std::size_t nn = std::size_t(n) * n, bytes = nn * sizeof(float);
   RAW_OK(cudaSetDevice(o.device) == cudaSuccess);
@@ -313,10 +335,21 @@ void raw_thread(const options& o, const float* dw, const std::vector<request_dat
     RAW_OK(cudaMalloc(&sl.dy, bytes) == cudaSuccess);
     RAW_OK(cudaMalloc(&sl.dz, bytes) == cudaSuccess);
     RAW_OK(cudaEventCreateWithFlags(&sl.ev, cudaEventDisableTiming) == cudaSuccess);
+    if (ab) {
+      RAW_OK(cudaMallocHost(&sl.pb, bytes) == cudaSuccess);
+      RAW_OK(cudaMalloc(&sl.db, bytes) == cudaSuccess);
+    }
   }
   const float one = 1.0f, zero = 0.0f;
   auto enqueue = [&](raw_slot& sl) {
     RAW_OK(cudaMemcpyAsync(sl.dx, sl.px, bytes, cudaMemcpyHostToDevice, s) == cudaSuccess);
+    if (ab) {
+      RAW_OK(cudaMemcpyAsync(sl.db, sl.pb, bytes, cudaMemcpyHostToDevice, s) == cudaSuccess);
+      RAW_OK(cublasSgemm(b, CUBLAS_OP_N, CUBLAS_OP_N, n, n, n, &one, sl.dx, n, sl.db, n, &zero,
+                         sl.dy, n) == CUBLAS_STATUS_SUCCESS);
+      RAW_OK(cudaMemcpyAsync(sl.pz, sl.dy, bytes, cudaMemcpyDeviceToHost, s) == cudaSuccess);
+      return;
+    }
     RAW_OK(cublasSgemm(b, CUBLAS_OP_N, CUBLAS_OP_N, n, n, n, &one, sl.dx, n, dw, n, &zero, sl.dy,
                        n) == CUBLAS_STATUS_SUCCESS);
     RAW_OK(cudnnActivationForward(h, ad, &one, td, sl.dy, &zero, td, sl.dz) ==
@@ -345,7 +378,7 @@ void raw_thread(const options& o, const float* dw, const std::vector<request_dat
         std::memcpy(sl.d.hz.data(), sl.pz, bytes);           // out of pinned staging
         const double t1 = bench::now_us();
         if (sl.t0 >= win.t_start && t1 <= win.t_end) lat.push_back(t1 - sl.t0);
-        if (!sl.d.check()) ++wrong;
+        if (!sl.d.check(ab)) ++wrong;
         sl.busy = false;
       }
       sl.t0 = bench::now_us();
@@ -353,6 +386,7 @@ void raw_thread(const options& o, const float* dw, const std::vector<request_dat
       running = true;
       sl.d.hz[sl.d.k] = std::nanf("");
       std::memcpy(sl.px, sl.d.hx.data(), bytes);  // into pinned staging
+      if (ab) std::memcpy(sl.pb, sl.d.hb.data(), bytes);
       if (graph)
         RAW_OK(cudaGraphLaunch(sl.exec, s) == cudaSuccess);
       else
@@ -369,6 +403,8 @@ void raw_thread(const options& o, const float* dw, const std::vector<request_dat
     cudaFree(sl.dx);
     cudaFree(sl.dy);
     cudaFree(sl.dz);
+    if (sl.pb) cudaFreeHost(sl.pb);
+    if (sl.db) cudaFree(sl.db);
   }
   cudnnDestroyActivationDescriptor(ad);
   cudnnDestroyTensorDescriptor(td);
@@ -379,7 +415,7 @@ void raw_thread(const options& o, const float* dw, const std::vector<request_dat
 }
 
 result_row run_raw(const options& o, const float* dw, const std::vector<request_data>& data,
-                   int in_flight, bool graph = false) {
+                   int in_flight, raw_kind kind = raw_kind::calls) {
   const int threads = std::min(o.threads, in_flight);
   std::vector<std::vector<double>> lat(threads);
   std::atomic<long> wrong{0};
@@ -387,11 +423,14 @@ result_row run_raw(const options& o, const float* dw, const std::vector<request_
   std::vector<std::thread> pool;
   for (int t = 0; t < threads; ++t) {
     const int depth = in_flight / threads + (t < in_flight % threads ? 1 : 0);
-    pool.emplace_back([&, t, depth] { raw_thread(o, dw, data, depth, win, lat[t], wrong, graph); });
+    pool.emplace_back([&, t, depth] { raw_thread(o, dw, data, depth, win, lat[t], wrong, kind); });
   }
   for (auto& t : pool) t.join();
   win.join();
-  return finish(graph ? "raw_graph" : "raw", in_flight, win, lat, wrong.load());
+  return finish(kind == raw_kind::graph        ? "raw_graph"
+                : kind == raw_kind::serve_gemm ? "raw_serve_gemm"
+                                               : "raw",
+                in_flight, win, lat, wrong.load());
 }
 
 // ------------------------------------------------------------------ main
@@ -412,7 +451,11 @@ int usage(const char* why) {
                "Diagnostics, not in the default list: composed_own (composed with actors\n"
                "and an upload stream of each request slot's own: no stream shared between\n"
                "requests) and raw_graph (raw CUDA with each slot's four calls captured once\n"
-               "into a CUDA graph, one cudaGraphLaunch per request).\n",
+               "into a CUDA graph, one cudaGraphLaunch per request). serve_gemm: the\n"
+               "request of atomr-serve's /v1/gemm (pageable uploads of both N x N factors,\n"
+               "the gemm, pageable download; one element checked) as one compose() unit,\n"
+               "against raw CUDA doing that request (its row's raw columns), for the\n"
+               "service's comparison with the library (scripts/bench.sh service).\n",
                prog);
   return why ? 64 : 0;
 }
@@ -457,9 +500,10 @@ int main(int argc, char** argv) {
     if (f < 1 || f > 4096) return usage("--in-flight wants counts in 1..4096");
   for (auto& v : o.variants)
     if (v != "per_op" && v != "composed" && v != "fused" && v != "graph" && v != "fused_graph" &&
-        v != "composed_own" && v != "raw_graph")
+        v != "composed_own" && v != "raw_graph" && v != "serve_gemm")
       return usage(
-          "--variants: per_op, composed, fused, graph, fused_graph, composed_own, raw_graph");
+          "--variants: per_op, composed, fused, graph, fused_graph, composed_own, raw_graph, "
+          "serve_gemm");
   bench::require_gpu(prog);
 
   asio::io_context ioc;
@@ -504,7 +548,7 @@ int main(int argc, char** argv) {
   std::vector<lib_slot> slots(most);
   for (int i = 0; i < most; ++i) {
     slots[i].d = data[i % data.size()];
-    for (auto* r : {&slots[i].x, &slots[i].y, &slots[i].z}) {
+    for (auto* r : {&slots[i].x, &slots[i].y, &slots[i].z, &slots[i].b}) {
       auto m = c.dev.allocate<float>(nn);
       if (!m) return usage("cannot allocate the request buffers");
       *r = m.value();
@@ -521,12 +565,19 @@ int main(int argc, char** argv) {
               "p50 us", "p99 us", "CPU us", "raw req/s", "raw p50", "raw CPU", "ratio", "wrong");
   std::vector<bench::json> rows;
   long wrong_total = 0;
+  const bool only_serve_gemm =
+      std::all_of(o.variants.begin(), o.variants.end(), [](auto& v) { return v == "serve_gemm"; });
   for (int f : o.in_flight) {
-    const auto raw = run_raw(o, dw, data, f);
-    wrong_total += raw.wrong;
+    // The pipeline's raw request once per depth; serve_gemm's rows compare
+    // with raw CUDA doing serve_gemm's request instead.
+    const auto pipeline_raw = only_serve_gemm ? result_row{} : run_raw(o, dw, data, f);
+    wrong_total += pipeline_raw.wrong;
     for (auto& v : o.variants) {
-      const auto r =
-          v == "raw_graph" ? run_raw(o, dw, data, f, true) : run_library(c, slots, v, f, o);
+      const auto raw =
+          v == "serve_gemm" ? run_raw(o, dw, data, f, raw_kind::serve_gemm) : pipeline_raw;
+      if (v == "serve_gemm") wrong_total += raw.wrong;
+      const auto r = v == "raw_graph" ? run_raw(o, dw, data, f, raw_kind::graph)
+                                      : run_library(c, slots, v, f, o);
       wrong_total += r.wrong;
       std::printf("%-11s %6d %10.0f %9.1f %9.1f %9.1f %10.0f %9.1f %9.1f %7.3f %6ld\n", v.c_str(),
                   f, r.req_per_s, r.p50_us, r.p99_us, r.cpu_us_per_req, raw.req_per_s, raw.p50_us,

@@ -20,7 +20,13 @@ exist (a missing or unreadable one is skipped with a note on stderr):
                    "config": "one_actor" (each against the raw ceiling of its own
                    run), judged by their own target (one_actor_vs_ceiling: T = 8)
 
-each with "device", "date" and "command". Writes summary.json and summary.md
+  service_raw.json, service_json.json, service_isolated.json  atomr-load's --json
+                   output (scripts/bench-service.sh: atomr-serve under 64 connections,
+                   raw and JSON bodies in process, and isolated with injected faults)
+  service_pipeline.json  atomr-bench-pipeline --variants serve_gemm: the library
+                   doing the service's request in the same run ("service" rows)
+
+each with "device", "date" and "command" (atomr-load's files have neither). Writes summary.json and summary.md
 (the Markdown also goes to stdout) and evaluates the targets of issue 5.
 When DIR/runs/*/ hold further complete runs (the same files), each target
 case is also tabulated across them ("runs" in the JSON), because single
@@ -69,6 +75,9 @@ ISOLATION_LATENCY_US = 5.0      # median overhead at sgemm 256
 ISOLATION_THROUGHPUT = 0.8      # of in-process ops/s at T = 8
 ISOLATION_BANDWIDTH = 0.9       # of in-process GB/s
 ISOLATION_RECOVERY_S = 1.0      # median, fault to first successful op
+# Issue 21: the reference service against the library doing the same work.
+SERVICE_VS_LIBRARY = 0.9        # service req/s over the library's (serve_gemm unit)
+SERVICE_FAILED_S_PER_FAULT = 1.5  # seconds of failed requests per injected fault
 
 SOURCES = (
     ("latency", "latency.json"),
@@ -80,6 +89,10 @@ SOURCES = (
     ("pipeline", "pipeline.json"),
     ("pipeline_torch", "torch_pipeline.json"),
     ("isolation", "isolation.json"),
+    ("service_raw", "service_raw.json"),
+    ("service_json", "service_json.json"),
+    ("service_pipeline", "service_pipeline.json"),
+    ("service_isolated", "service_isolated.json"),
 )
 
 
@@ -286,6 +299,8 @@ def summarise(docs, directory):
             isolation.append(row)
     out["isolation"] = isolation
 
+    out["service"] = service_rows(docs)
+
     lat = docs.get("latency", {})
     out["idle_cpu_percent"] = num(lat.get("idle_cpu_percent"))
     out["long_wait_cpu_percent"] = num(lat.get("long_wait_cpu_percent"))
@@ -298,6 +313,50 @@ def summarise(docs, directory):
     out["sources"] = {k: {"date": docs[k].get("date"), "command": docs[k].get("command")}
                       for k, _ in SOURCES if k in docs}
     return out
+
+
+def service_rows(docs):
+    """The service's runs (scripts/bench-service.sh): one row per atomr-load run,
+    the in-process ones with the library's serve_gemm unit and raw CUDA of the
+    same run beside them."""
+    lib = {}
+    if "service_pipeline" in docs:
+        for r in rows_of(docs["service_pipeline"], "pipeline", "service_pipeline.json",
+                         ("variant", "in_flight", "req_per_s", "raw_req_per_s")):
+            if r["variant"] == "serve_gemm":
+                lib = r
+    rows = []
+    for kind, mode in (("service_raw", "in_process_raw"), ("service_json", "in_process_json"),
+                       ("service_isolated", "isolated_faults")):
+        d = docs.get(kind)
+        if d is None:
+            continue
+        if any(k not in d for k in ("req_per_s", "ok", "wrong", "failed")):
+            note(f"{kind}.json skipped: not atomr-load's --json output")
+            continue
+        row = {"mode": mode, "endpoint": d.get("endpoint"), "size": d.get("size"),
+               "connections": d.get("connections"), "seconds": num(d.get("seconds")),
+               "ok": d["ok"], "failed": d["failed"], "wrong": d["wrong"],
+               "checked": d.get("checked"), "faults": d.get("faults", 0),
+               "failed_seconds": num(d.get("failed_seconds")),
+               "req_per_s": num(d["req_per_s"]), "p50_us": num(d.get("p50_us")),
+               "p99_us": num(d.get("p99_us"))}
+        try:
+            health = json.loads(d.get("health_after") or "{}")
+        except ValueError:
+            health = {}
+        row["health_after"] = health.get("health")
+        row["worker_restarts"] = health.get("worker_restarts")
+        if mode.startswith("in_process") and lib:
+            row["library_req_per_s"] = num(lib.get("req_per_s"))
+            row["library_in_flight"] = lib.get("in_flight")
+            row["library_p99_us"] = num(lib.get("p99_us"))
+            row["raw_req_per_s"] = num(lib.get("raw_req_per_s"))
+            row["library_wrong"] = lib.get("wrong")
+            if row["req_per_s"] is not None and row["library_req_per_s"]:
+                row["vs_library"] = row["req_per_s"] / row["library_req_per_s"]
+        rows.append(row)
+    return rows
 
 
 def throughput_rows(docs, key, path):
@@ -524,6 +583,34 @@ def targets(s):
         t["isolation_recovery"] = target(
             "recovery (fault to first successful op) <= 1 s median", "s", checks)
 
+    # 8. The reference service (issue 21), only where bench-service.sh ran.
+    if s.get("service"):
+        checks = [check(r.get("vs_library"), SERVICE_VS_LIBRARY,
+                        r.get("vs_library") is not None and r["vs_library"] >= SERVICE_VS_LIBRARY,
+                        mode=r["mode"])
+                  for r in s["service"] if r["mode"] == "in_process_raw"]
+        t["service_vs_library"] = target(
+            "the service >= 90% of the library's req/s for the same work (raw bodies)", "ratio",
+            checks)
+        checks = [check(r["wrong"] + (r.get("library_wrong") or 0), 0,
+                        r["wrong"] == 0 and not r.get("library_wrong") and r.get("checked"),
+                        mode=r["mode"])
+                  for r in s["service"]]
+        t["service_wrong"] = target("0 wrong responses, every one checked", "count", checks)
+        checks = []
+        for r in s["service"]:
+            if r["mode"] != "isolated_faults":
+                continue
+            per = (r["failed_seconds"] / r["faults"]
+                   if r["faults"] and r["failed_seconds"] is not None else None)
+            checks.append(check(per, SERVICE_FAILED_S_PER_FAULT,
+                                per is not None and per <= SERVICE_FAILED_S_PER_FAULT
+                                and r["health_after"] == "healthy" and r["ok"] > 0,
+                                mode=r["mode"]))
+        t["service_isolated_fault"] = target(
+            "isolated: an injected fault costs <= 1.5 s of failed requests; serving after",
+            "s", checks)
+
     verdicts = [v["pass"] for v in t.values()]
     t["all_pass"] = None if any(v is None for v in verdicts) else all(verdicts)
     return t
@@ -650,6 +737,20 @@ def markdown(s):
     else:
         md.append("no peer results")
     md.append("")
+
+    if s.get("service"):
+        md += ["**The reference service** (atomr-serve + atomr-load, 64 connections; the "
+               "library's serve_gemm unit and raw CUDA doing the same request in the same run)",
+               ""]
+        md += table(["mode", "endpoint, n", "req/s", "p50 us", "p99 us", "ok", "failed",
+                     "wrong", "faults", "failed s", "library req/s", "service / library",
+                     "raw req/s"],
+                    [[r["mode"], f'{r["endpoint"]} {r["size"]}', fmt(r["req_per_s"]),
+                      fmt(r["p50_us"]), fmt(r["p99_us"]), r["ok"], r["failed"], r["wrong"],
+                      r["faults"], fmt(r["failed_seconds"]), fmt(r.get("library_req_per_s")),
+                      fmt(r.get("vs_library")), fmt(r.get("raw_req_per_s"))]
+                     for r in s["service"]])
+        md.append("")
 
     md += ["**Targets of issue 5**", ""]
     rows = []

@@ -12,12 +12,15 @@ build=${BUILD:-build-gpu}
   { tail -20 "$out/bench-setup.log"; exit 1; }
 ninja -C "$build" >"$out/bench-build.log" 2>&1 || { tail -30 "$out/bench-build.log"; exit 1; }
 rc=0
-for b in ${BENCHES:-latency throughput one_actor streams large torch pipeline torch_pipeline isolation}; do
+for b in ${BENCHES:-latency throughput one_actor streams large torch pipeline torch_pipeline isolation service}; do
   echo "=== $b"
   case $b in
     torch) cmd=(python3 bench/peers/torch_small.py --json "$out/torch_peer.json") ;;
     # Issue 19: the request pipeline's PyTorch peer (the C++ side is "pipeline").
     torch_pipeline) cmd=(python3 bench/peers/torch_pipeline.py --json "$out/torch_pipeline.json") ;;
+    # Issue 21: atomr-serve + atomr-load against the library's own unit of the
+    # same request (service_*.json).
+    service) cmd=(bash scripts/bench-service.sh "$build" "$out") ;;
     # One io thread driving one actor (stream) per torch stream: the peer
     # comparison's configuration (torch: 8 streams from one Python thread).
     streams) cmd=("$build/bench/atomr-bench-throughput" --threads 1 --actors 8 ${BENCH_ARGS:-}
