@@ -23,10 +23,9 @@
 #include <atomic>
 #include <bit>
 #include <chrono>
-#include <cstdlib>
-#include <string_view>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <exception>
 #include <memory>
 #include <mutex>
@@ -34,6 +33,7 @@
 #include <optional>
 #include <random>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <tuple>
 #include <variant>

@@ -103,6 +103,15 @@ struct iso : io_fixture {
   bool wait_health(health_state h, std::chrono::milliseconds limit = 30s) {
     return run_until([&] { return dev.health() == h; }, limit);
   }
+  /// Waits for the worker restart after `restarts_before` and a healthy
+  /// device (a fault's answer comes before the service sees the worker go,
+  /// so "healthy" alone may still be the old worker's).
+  bool wait_restart(std::uint64_t restarts_before) {
+    return run_until([&] {
+      return dev.statistics().worker_restarts == restarts_before + 1 &&
+             dev.health() == health_state::healthy;
+    });
+  }
 
   /// Runs the io_context on `threads` threads until `left` is 0 (or 120 s).
   bool run_threads(std::atomic<int>& left, int threads = 4) {
@@ -598,10 +607,7 @@ TEST_CASE_FIXTURE(iso,
   REQUIRE_FALSE(faulted);
   CHECK(faulted.error().code() == errc::context_poisoned);
   CHECK(std::all_of(untouched.begin(), untouched.end(), [](float v) { return v == 7.0f; }));
-  CHECK(run_until([&] {
-    return dev.statistics().worker_restarts == restarts + 1 &&
-           dev.health() == health_state::healthy;
-  }));
+  CHECK(wait_restart(restarts));
   CHECK(gemm_rel_error(a, b, good, m) < 1e-5);
 }
 
@@ -653,16 +659,11 @@ TEST_CASE_FIXTURE(iso,
 #endif
 
   // A fault: the worker is replaced, the recording is stale, nothing launched.
-  // (The fault's answer comes before the service sees the worker go: wait
-  // for the restart itself, not for a health that may not have changed yet.)
   const auto restarts = dev.statistics().worker_restarts;
   auto f = run(detail::inject_isolated_fault(
       dev.impl(), static_cast<std::uint16_t>(wire::fault_kind::illegal_address)));
   REQUIRE_FALSE(f);
-  REQUIRE(run_until([&] {
-    return dev.statistics().worker_restarts == restarts + 1 &&
-           dev.health() == health_state::healthy;
-  }));
+  REQUIRE(wait_restart(restarts));
   auto stale = run(replay(rec.value()));
   REQUIRE_FALSE(stale);
   CHECK(stale.error().code() == errc::stale_ref);
@@ -762,9 +763,7 @@ TEST_CASE_FIXTURE(iso,
       REQUIRE_FALSE(*fault_result);
       CHECK(fault_result->error().code() == errc::timeout);
     }
-    REQUIRE(run_until([&] {
-      return dev.statistics().worker_restarts == 1 && dev.health() == health_state::healthy;
-    }));
+    REQUIRE(wait_restart(0));
     const auto recovery = std::chrono::steady_clock::now() - t0;
     const auto hist = detail::health_history(*dev.impl());
     auto at = [&](health_state h, std::size_t from) {
@@ -799,9 +798,7 @@ TEST_CASE_FIXTURE(iso, "isolated: the restart budget spent leads to stopped; no 
   const int pid1 = dev.statistics().worker_pid;
   CHECK(run(detail::inject_isolated_fault(
       dev.impl(), static_cast<std::uint16_t>(wire::fault_kind::kill_self))));
-  REQUIRE(run_until([&] {
-    return dev.statistics().worker_restarts == 1 && dev.health() == health_state::healthy;
-  }));
+  REQUIRE(wait_restart(0));
   CHECK(dev.statistics().restarts_left == 0);
   const int pid2 = dev.statistics().worker_pid;
   CHECK(pid2 != pid1);

@@ -449,6 +449,16 @@ struct service::impl : std::enable_shared_from_this<impl> {
     res.body() = std::move(body);
     return res;
   }
+  /// 200 with `v`'s bytes as they are (little-endian f32 or complex f32) and
+  /// the named header (X-Shape, X-Class).
+  template <class T>
+  static response raw_reply(const std::vector<T>& v, std::string_view header, std::string value) {
+    auto res = reply(http::status::ok,
+                     std::string(reinterpret_cast<const char*>(v.data()), v.size() * sizeof(T)),
+                     "application/octet-stream");
+    res.set(header, std::move(value));
+    return res;
+  }
   static response bad(http::status st, std::string_view why) {
     return reply(st, error_body(why, http::obsolete_reason(st)));
   }
@@ -557,14 +567,7 @@ struct service::impl : std::enable_shared_from_this<impl> {
       co_return cuda::outcome::success();
     };
     if (auto ok = co_await run(); !ok) co_return failed(ok.error());
-    if (raw) {
-      auto res =
-          reply(http::status::ok,
-                std::string(reinterpret_cast<const char*>(c.data()), c.size() * sizeof(float)),
-                "application/octet-stream");
-      res.set("X-Shape", std::to_string(m) + "," + std::to_string(n));
-      co_return res;
-    }
+    if (raw) co_return raw_reply(c, "X-Shape", std::to_string(m) + "," + std::to_string(n));
     std::string body = "{\"m\":" + std::to_string(m) + ",\"n\":" + std::to_string(n) + ",\"c\":";
     json::append_array<float>(body, c);
     body += "}";
@@ -622,13 +625,7 @@ struct service::impl : std::enable_shared_from_this<impl> {
       co_return cuda::outcome::success();
     };
     if (auto ok = co_await run(); !ok) co_return failed(ok.error());
-    if (raw) {
-      auto res = reply(http::status::ok,
-                       std::string(reinterpret_cast<const char*>(y.data()), y.size() * 8),
-                       "application/octet-stream");
-      res.set("X-Shape", std::to_string(n));
-      co_return res;
-    }
+    if (raw) co_return raw_reply(y, "X-Shape", std::to_string(n));
     std::vector<float> re(y.size()), im(y.size());
     for (std::size_t i = 0; i < y.size(); ++i) {
       re[i] = y[i].real();
@@ -710,14 +707,8 @@ struct service::impl : std::enable_shared_from_this<impl> {
     };
     if (auto ok = co_await run(); !ok) co_return failed(ok.error());
     const auto best = std::max_element(probs.begin(), probs.end()) - probs.begin();
-    if (raw) {  // raw in, raw out: the probabilities as f32, the class in a header
-      auto res = reply(
-          http::status::ok,
-          std::string(reinterpret_cast<const char*>(probs.data()), probs.size() * sizeof(float)),
-          "application/octet-stream");
-      res.set("X-Class", std::to_string(best));
-      co_return res;
-    }
+    // Raw in, raw out: the probabilities as f32, the class in a header.
+    if (raw) co_return raw_reply(probs, "X-Class", std::to_string(best));
     std::string body = "{\"probs\":";
     json::append_array<float>(body, probs);
     body += ",\"class\":" + std::to_string(best) + "}";
