@@ -230,6 +230,18 @@ asio::awaitable<bool> one_request(lib_ctx& c, lib_slot& s, const std::string& va
                               c.blas.gemm(c.p, s.x, s.b, s.y), download(s.y, s.d.hz));
     co_return r&& s.d.check(true);
   }
+  if (variant == "serve_gemm_alloc") {
+    // As atomr-serve does it: the three device buffers allocated for the
+    // request and released after it.
+    const auto nn = s.d.hx.size();
+    auto x = c.dev.allocate<float>(nn), b = c.dev.allocate<float>(nn),
+         y = c.dev.allocate<float>(nn);
+    if (!x || !b || !y) co_return false;
+    auto r = co_await compose(c.dev, upload(s.d.hx, x.value()), upload(s.d.hb, b.value()),
+                              c.blas.gemm(c.p, x.value(), b.value(), y.value()),
+                              download(y.value(), s.d.hz));
+    co_return r&& s.d.check(true);
+  }
   if (variant == "composed") {
     auto r =
         co_await compose(c.dev, upload(s.d.hx, s.x), c.blas.gemm(c.p, s.x, c.w, s.y),
@@ -455,7 +467,9 @@ int usage(const char* why) {
                "request of atomr-serve's /v1/gemm (pageable uploads of both N x N factors,\n"
                "the gemm, pageable download; one element checked) as one compose() unit,\n"
                "against raw CUDA doing that request (its row's raw columns), for the\n"
-               "service's comparison with the library (scripts/bench.sh service).\n",
+               "service's comparison with the library (scripts/bench.sh service);\n"
+               "serve_gemm_alloc: the same with the request's three device buffers\n"
+               "allocated and released per request, as atomr-serve does.\n",
                prog);
   return why ? 64 : 0;
 }
@@ -500,10 +514,10 @@ int main(int argc, char** argv) {
     if (f < 1 || f > 4096) return usage("--in-flight wants counts in 1..4096");
   for (auto& v : o.variants)
     if (v != "per_op" && v != "composed" && v != "fused" && v != "graph" && v != "fused_graph" &&
-        v != "composed_own" && v != "raw_graph" && v != "serve_gemm")
+        v != "composed_own" && v != "raw_graph" && v != "serve_gemm" && v != "serve_gemm_alloc")
       return usage(
           "--variants: per_op, composed, fused, graph, fused_graph, composed_own, raw_graph, "
-          "serve_gemm");
+          "serve_gemm, serve_gemm_alloc");
   bench::require_gpu(prog);
 
   asio::io_context ioc;
@@ -565,17 +579,16 @@ int main(int argc, char** argv) {
               "p50 us", "p99 us", "CPU us", "raw req/s", "raw p50", "raw CPU", "ratio", "wrong");
   std::vector<bench::json> rows;
   long wrong_total = 0;
-  const bool only_serve_gemm =
-      std::all_of(o.variants.begin(), o.variants.end(), [](auto& v) { return v == "serve_gemm"; });
+  auto serve_like = [](const std::string& v) { return v.starts_with("serve_gemm"); };
+  const bool only_serve_gemm = std::all_of(o.variants.begin(), o.variants.end(), serve_like);
   for (int f : o.in_flight) {
     // The pipeline's raw request once per depth; serve_gemm's rows compare
     // with raw CUDA doing serve_gemm's request instead.
     const auto pipeline_raw = only_serve_gemm ? result_row{} : run_raw(o, dw, data, f);
     wrong_total += pipeline_raw.wrong;
     for (auto& v : o.variants) {
-      const auto raw =
-          v == "serve_gemm" ? run_raw(o, dw, data, f, raw_kind::serve_gemm) : pipeline_raw;
-      if (v == "serve_gemm") wrong_total += raw.wrong;
+      const auto raw = serve_like(v) ? run_raw(o, dw, data, f, raw_kind::serve_gemm) : pipeline_raw;
+      if (serve_like(v)) wrong_total += raw.wrong;
       const auto r = v == "raw_graph" ? run_raw(o, dw, data, f, raw_kind::graph)
                                       : run_library(c, slots, v, f, o);
       wrong_total += r.wrong;

@@ -4,18 +4,21 @@
 #   1. atomr-serve in process, T io threads; atomr-load: 64 connections for S
 #      seconds of /v1/gemm n x n with raw bodies, then with JSON bodies, every
 #      answer checked -> service_raw.json, service_json.json;
-#   2. atomr-bench-pipeline --variants serve_gemm: the same request (both
+#   2. atomr-bench-pipeline --variants serve_gemm,serve_gemm_alloc: the same request (both
 #      factors uploaded from pageable memory, the gemm, the download, one
 #      element checked) as one compose() unit from 64 coroutines on T io
 #      threads, and raw CUDA doing it -> service_pipeline.json;
 #   3. atomr-serve --isolated --test-faults: 64 connections for 10 s of gemm
 #      with an illegal-address fault every 3 s -> service_isolated.json.
 # scripts/bench-summary.py puts them under "service" in summary.json.
-# Usage: bench-service.sh BUILD_DIR OUT_DIR   (N, T, SECONDS from the environment:
-# defaults 64, 4 and 10). Exit status 69 without a usable GPU.
+# Usage: bench-service.sh BUILD_DIR OUT_DIR   (N, T, SECONDS_PER_RUN and LOAD_T,
+# atomr-load's io threads, from the environment: defaults 64, 4, 10 and 8; at 2
+# load threads the load generator was the limit on the H200 in session 24).
+# Each load's JSON also gets the service's CPU per request (from /proc).
+# Exit status 69 without a usable GPU.
 set -u -o pipefail
 build=$1 out=$2
-n=${N:-64} threads=${T:-4} seconds=${SECONDS_PER_RUN:-10}
+n=${N:-64} threads=${T:-4} seconds=${SECONDS_PER_RUN:-10} load_threads=${LOAD_T:-8}
 mkdir -p "$out"
 build=$(realpath "$build") out=$(realpath "$out")
 cd "$(dirname "$0")/.." || exit 1
@@ -25,13 +28,29 @@ trap stop EXIT
 # shellcheck source=samples/serve/start.sh
 . samples/serve/start.sh
 rc=0
+# The service's CPU time so far (user + system, every thread), in clock ticks.
+serve_ticks() { awk '{ print $14 + $15 }' "/proc/$pid/stat" 2>/dev/null || echo 0; }
 load() {  # load NAME ARGS...: atomr-load against $port, JSON into $out/NAME.json
   local name=$1
   shift
-  "$build/samples/atomr-load" --port "$port" --connections 64 --endpoint gemm --size "$n" --check \
-    --quiet --json "$out/$name.json" "$@"
+  local t0
+  t0=$(serve_ticks)
+  "$build/samples/atomr-load" --port "$port" --connections 64 --threads "$load_threads" \
+    --endpoint gemm --size "$n" --check --quiet --json "$out/$name.json" "$@"
   local r=$?
   echo "$name: atomr-load rc=$r"
+  # The service's CPU per answered request, next to the load generator's own.
+  [ -f "$out/$name.json" ] && python3 - "$out/$name.json" "$t0" "$(serve_ticks)" \
+    "$(getconf CLK_TCK)" <<'PY'
+import json, sys
+path, t0, t1, hz = sys.argv[1], float(sys.argv[2]), float(sys.argv[3]), float(sys.argv[4])
+d = json.load(open(path))
+answered = d["ok"] + d["failed"]
+d["server_cpu_us_per_req"] = (t1 - t0) / hz * 1e6 / answered if answered else 0.0
+json.dump(d, open(path, "w"))
+print(f"  service CPU {d['server_cpu_us_per_req']:.1f} us/request, "
+      f"load generator CPU {d.get('client_cpu_us_per_req', 0):.1f} us/request")
+PY
   [ "$r" = 0 ] || rc=$r
   return "$r"
 }
@@ -42,7 +61,7 @@ load service_raw --wait-healthy 20 --seconds "$seconds" --raw
 load service_json --seconds "$seconds"
 stop
 
-"$build/bench/atomr-bench-pipeline" --variants serve_gemm --n "$n" --in-flight 64 \
+"$build/bench/atomr-bench-pipeline" --variants serve_gemm,serve_gemm_alloc --n "$n" --in-flight 64 \
   --threads "$threads" --seconds "$seconds" --json "$out/service_pipeline.json" || rc=$?
 
 serve_start "$build/samples/atomr-serve" "$out/serve-isolated.log" --threads "$threads" \

@@ -319,12 +319,14 @@ def service_rows(docs):
     """The service's runs (scripts/bench-service.sh): one row per atomr-load run,
     the in-process ones with the library's serve_gemm unit and raw CUDA of the
     same run beside them."""
-    lib = {}
+    lib, lib_alloc = {}, {}
     if "service_pipeline" in docs:
         for r in rows_of(docs["service_pipeline"], "pipeline", "service_pipeline.json",
                          ("variant", "in_flight", "req_per_s", "raw_req_per_s")):
             if r["variant"] == "serve_gemm":
                 lib = r
+            elif r["variant"] == "serve_gemm_alloc":
+                lib_alloc = r
     rows = []
     for kind, mode in (("service_raw", "in_process_raw"), ("service_json", "in_process_json"),
                        ("service_isolated", "isolated_faults")):
@@ -340,7 +342,9 @@ def service_rows(docs):
                "checked": d.get("checked"), "faults": d.get("faults", 0),
                "failed_seconds": num(d.get("failed_seconds")),
                "req_per_s": num(d["req_per_s"]), "p50_us": num(d.get("p50_us")),
-               "p99_us": num(d.get("p99_us"))}
+               "p99_us": num(d.get("p99_us")),
+               "server_cpu_us_per_req": num(d.get("server_cpu_us_per_req")),
+               "client_cpu_us_per_req": num(d.get("client_cpu_us_per_req"))}
         try:
             health = json.loads(d.get("health_after") or "{}")
         except ValueError:
@@ -353,6 +357,9 @@ def service_rows(docs):
             row["library_p99_us"] = num(lib.get("p99_us"))
             row["raw_req_per_s"] = num(lib.get("raw_req_per_s"))
             row["library_wrong"] = lib.get("wrong")
+            row["library_cpu_us_per_req"] = num(lib.get("cpu_us_per_req"))
+            if lib_alloc:  # the library with the service's per-request allocations
+                row["library_alloc_req_per_s"] = num(lib_alloc.get("req_per_s"))
             if row["req_per_s"] is not None and row["library_req_per_s"]:
                 row["vs_library"] = row["req_per_s"] / row["library_req_per_s"]
         rows.append(row)

@@ -22,12 +22,14 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <map>
 #include <string>
+#include <thread>
 
 namespace {
 
@@ -55,12 +57,20 @@ void on_prof(int, siginfo_t*, void*) {
   errno = saved;
 }
 
+std::atomic<bool> g_dumped{false};
+
 void dump() {
+  if (g_dumped.exchange(true)) return;
   g_on.store(false);
   itimerval off{};
   setitimer(ITIMER_PROF, &off, nullptr);
-  const char* path = std::getenv("SAMPLER_OUT");
-  FILE* f = std::fopen(path ? path : "sampler.txt", "w");
+  // "%p" in the name becomes the process id: a child process (the isolated
+  // device's worker inherits LD_PRELOAD) then keeps a file of its own.
+  const char* env = std::getenv("SAMPLER_OUT");
+  std::string path = env ? env : "sampler.txt";
+  if (const auto at = path.find("%p"); at != std::string::npos)
+    path.replace(at, 2, std::to_string(getpid()));
+  FILE* f = std::fopen(path.c_str(), "w");
   if (!f) return;
   const auto n = std::min(g_next.load(), k_max_samples);
   std::map<void*, std::string> names;  // pc -> "module+0xoff symbol"
@@ -104,6 +114,13 @@ struct init {
     sigemptyset(&sa.sa_mask);
     sigaction(SIGPROF, &sa, nullptr);
     std::atexit(dump);
+    // SAMPLER_DUMP_AFTER_S: write the file that many seconds after the start
+    // (for a process that is killed rather than exits, e.g. a worker).
+    if (const char* after = std::getenv("SAMPLER_DUMP_AFTER_S"))
+      std::thread([s = std::atof(after)] {
+        std::this_thread::sleep_for(std::chrono::duration<double>(s));
+        dump();
+      }).detach();
     const long us = std::getenv("SAMPLER_US") ? std::atol(std::getenv("SAMPLER_US")) : 50;
     itimerval t{};
     t.it_interval.tv_usec = us;

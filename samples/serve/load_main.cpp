@@ -6,6 +6,8 @@
 #include "json.hpp"
 #include "model.hpp"
 
+#include <sys/resource.h>
+
 #include <boost/asio/as_tuple.hpp>
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/detached.hpp>
@@ -28,6 +30,7 @@
 #include <numbers>
 #include <string>
 #include <thread>
+#include <sys/resource.h>
 #include <unistd.h>
 #include <vector>
 
@@ -293,6 +296,14 @@ struct run_state {
   serve::model::weights w = serve::model::make_weights();
 };
 
+/// This process's CPU time so far (every thread, user and system), seconds.
+double cpu_seconds() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return static_cast<double>(u.ru_utime.tv_sec + u.ru_stime.tv_sec) +
+         static_cast<double>(u.ru_utime.tv_usec + u.ru_stime.tv_usec) * 1e-6;
+}
+
 double since(const run_state& st, clock_type::time_point t) {
   return std::chrono::duration<double>(t - st.t0).count();
 }
@@ -512,6 +523,7 @@ int main(int argc, char** argv) {
     }
   }
   asio::io_context ioc(o.threads);
+  const double cpu0 = cpu_seconds();
   st.t0 = clock_type::now();
   st.deadline = st.t0 + std::chrono::duration_cast<clock_type::duration>(
                             std::chrono::duration<double>(o.seconds));
@@ -551,24 +563,31 @@ int main(int argc, char** argv) {
   progress.join();
 
   const double elapsed = since(st, clock_type::now());
+  const double cpu = cpu_seconds() - cpu0;
   std::string health_after;
   (void)wait_healthy(st.ep, o.host, std::chrono::seconds(1), health_after);
   auto& t = st.t;
   const double p50 = percentile(t.latencies_us, 0.5), p99 = percentile(t.latencies_us, 0.99);
   const double rps = static_cast<double>(t.ok) / elapsed;
   const double fsec = failed_seconds(t.failed_spans);
+  // This program's CPU time (all threads, user and system) per answered
+  // request: on one machine with the service, it shows whether the load
+  // generator or the service is the limit.
+  const std::uint64_t answered = t.ok + t.failed;
+  const double cpu_us = answered ? cpu * 1e6 / static_cast<double>(answered) : 0.0;
   std::string codes;
   for (const auto& [c, n] : t.by_status)
     codes += (codes.empty() ? "" : ", ") + (c == 0 ? std::string("conn") : std::to_string(c)) +
              ": " + std::to_string(n);
   std::printf(
       "%s: %s%s, %d connections, %.1f s: %llu ok (%.0f req/s), p50 %.1f us, p99 %.1f us, "
-      "%llu failed, %llu wrong%s, %llu faults injected, %.3f s with failures [%s]\n",
+      "%llu failed, %llu wrong%s, %llu faults injected, %.3f s with failures [%s], "
+      "%.1f us of this program's CPU per request\n",
       prog.name, o.endpoint.c_str(), o.raw ? " raw" : " json", o.connections, elapsed,
       static_cast<unsigned long long>(t.ok), rps, p50, p99,
       static_cast<unsigned long long>(t.failed), static_cast<unsigned long long>(t.wrong),
       o.check ? "" : " (not checked)", static_cast<unsigned long long>(t.faults), fsec,
-      codes.c_str());
+      codes.c_str(), cpu_us);
   std::printf("%s: the service's /health after the run: %s\n", prog.name, health_after.c_str());
   if (!o.json.empty()) {
     std::string j = "{\"endpoint\":" + serve::json::quote(o.endpoint) +
@@ -586,6 +605,8 @@ int main(int argc, char** argv) {
     serve::json::append_number(j, p99);
     j += ",\"failed_seconds\":";
     serve::json::append_number(j, fsec);
+    j += ",\"client_cpu_us_per_req\":";
+    serve::json::append_number(j, cpu_us);
     j += ",\"status\":{";
     bool first = true;
     for (const auto& [c, n] : t.by_status) {
