@@ -368,6 +368,9 @@ struct service::impl : std::enable_shared_from_this<impl> {
                                               std::shared_ptr<tcp::socket> s) {
     using namespace asio::experimental::awaitable_operators;
     beast::flat_buffer buf;
+    // Beast reads max(512, free capacity) bytes at a time: room for 64 KiB
+    // takes a raw gemm 64 request (32 KiB) in one or two reads, not 64.
+    buf.reserve(std::size_t{1} << 16);
     for (;;) {
       http::request_parser<http::string_body> parser;
       parser.body_limit(self->o.body_limit);
