@@ -6,8 +6,6 @@
 #include "json.hpp"
 #include "model.hpp"
 
-#include <sys/resource.h>
-
 #include <boost/asio/as_tuple.hpp>
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/detached.hpp>
