@@ -399,6 +399,49 @@ TEST_CASE_FIXTURE(worker_fixture,
   REQUIRE(run_until([&] { return w->statistics().state == worker_state::stopped; }));
 }
 
+TEST_CASE_FIXTURE(worker_fixture,
+                  "worker rings: calls from one thread spread over the rings when its own has "
+                  "calls in flight, and every one is answered") {
+  auto o = options();
+  o.arena_bytes = std::size_t{4} << 20;
+  o.rings = 4;
+  auto w = start(o);
+  REQUIRE(run_until([&] { return running_incarnation(w, 1); }));
+  REQUIRE(w->statistics().calls_per_ring.size() == 4);
+  // A stopped worker answers nothing: every call stays in flight, so each
+  // goes to the ring with the fewest (a fixed ring per thread put all 400
+  // into one).
+  const int pid = w->statistics().pid;
+  REQUIRE(::kill(pid, SIGSTOP) == 0);
+  REQUIRE(run_until([&] { return all_threads_stopped(pid); }));
+  answers got;
+  const auto deadline = std::chrono::steady_clock::now() + 60s;
+  for (std::uint64_t i = 0; i < 400; ++i)
+    w->call(static_cast<std::uint16_t>(wire::op_code::copy), copy_payload(i), deadline, 0,
+            got.fn());
+  auto st = w->statistics();
+  CHECK(st.ring_calls == 400);
+  CHECK(st.calls_pending == 400);
+  REQUIRE(st.calls_per_ring.size() == 4);
+  for (auto n : st.calls_per_ring) CHECK(n == 100);
+  REQUIRE(::kill(pid, SIGCONT) == 0);
+  REQUIRE(run_until([&] { return got.count() == 400; }));
+  CHECK(got.by_code[errc::device_unavailable] == 400);  // the worker has no device
+  CHECK(w->statistics().calls_pending == 0);
+  // Answered, nothing is in flight: a lone call goes to the thread's own ring.
+  const auto before = w->statistics().calls_per_ring;
+  answers one;
+  w->call(static_cast<std::uint16_t>(wire::op_code::copy), copy_payload(7), deadline, 0, one.fn());
+  REQUIRE(run_until([&] { return one.count() == 1; }));
+  const auto after = w->statistics().calls_per_ring;
+  std::uint64_t moved = 0;
+  for (std::size_t i = 0; i < after.size(); ++i) moved += after[i] - before[i];
+  CHECK(moved == 1);
+  CHECK(w->statistics().state == worker_state::running);
+  w->stop();
+  REQUIRE(run_until([&] { return w->statistics().state == worker_state::stopped; }));
+}
+
 TEST_CASE(
     "request ring: many producers, one consumer: every message once, in each producer's "
     "order; full and oversized pushes refused; a sleeping consumer is woken") {

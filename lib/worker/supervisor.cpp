@@ -30,6 +30,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <array>
 #include <atomic>
 #include <condition_variable>
 #include <cstdlib>
@@ -134,6 +135,7 @@ struct ring_link {
   struct entry {
     reply_fn done;
     clock::time_point deadline;
+    std::size_t ring;  // the request ring it went into
   };
 
   std::shared_ptr<void> keep;  // the mapping
@@ -143,12 +145,38 @@ struct ring_link {
   std::atomic<bool> accepting{false};
   std::atomic<std::size_t> pending{0};
 
-  /// Registers a call (taking `done`); false once the incarnation ended.
-  bool add(std::uint64_t id, reply_fn& done, clock::time_point deadline) {
+  /// Calls in flight per request ring (pushed, reply not taken yet).
+  std::array<std::atomic<std::uint32_t>, wire::max_rings> in_ring{};
+  /// Calls pushed per request ring (statistics).
+  std::array<std::atomic<std::uint64_t>, wire::max_rings> pushed{};
+
+  /// The request ring for a call from this thread: the thread's own (threads
+  /// take turns over the rings) unless another has fewer calls in flight.
+  /// The io threads of a shared io_context are not equally busy (the awake
+  /// ones take the completions), so a fixed ring per thread left two of
+  /// four worker threads with most of the work (session 24's profile).
+  std::size_t pick_ring() const {
+    const std::size_t n = v.rings, home = ring_index(n);
+    std::size_t best = home;
+    std::uint32_t least = in_ring[home].load(std::memory_order_relaxed);
+    for (std::size_t i = 1; i < n && least > 0; ++i) {
+      const std::size_t r = (home + i) % n;
+      if (const auto c = in_ring[r].load(std::memory_order_relaxed); c < least) {
+        least = c;
+        best = r;
+      }
+    }
+    return best;
+  }
+
+  /// Registers a call (taking `done`) bound for request ring `ring`; false
+  /// once the incarnation ended.
+  bool add(std::uint64_t id, reply_fn& done, clock::time_point deadline, std::size_t ring) {
     std::lock_guard lk(mu_);
     if (dead_) return false;
-    calls_.emplace(id, entry{std::move(done), deadline});
+    calls_.emplace(id, entry{std::move(done), deadline, ring});
     pending.fetch_add(1, std::memory_order_relaxed);
+    in_ring[ring].fetch_add(1, std::memory_order_relaxed);
     return true;
   }
 
@@ -158,6 +186,7 @@ struct ring_link {
     auto it = calls_.find(id);
     if (it == calls_.end()) return std::nullopt;
     auto done = std::move(it->second.done);
+    in_ring[it->second.ring].fetch_sub(1, std::memory_order_relaxed);
     calls_.erase(it);
     pending.fetch_sub(1, std::memory_order_relaxed);
     return done;
@@ -184,6 +213,7 @@ struct ring_link {
     for (auto& [id, e] : calls_) out.push_back(std::move(e.done));
     calls_.clear();
     pending.store(0);
+    for (auto& c : in_ring) c.store(0);
     return out;
   }
 
@@ -350,11 +380,13 @@ struct worker_supervisor::impl : std::enable_shared_from_this<impl> {
         (incarnation != 0 && incarnation != l->inc))
       return false;
     const auto id = (std::uint64_t{1} << 63) | next_ring_id.fetch_add(1, std::memory_order_relaxed);
-    if (!l->add(id, done, deadline)) return false;
-    auto& r = l->v.requests[ring_index(l->v.rings)];
+    const std::size_t ring = l->pick_ring();
+    if (!l->add(id, done, deadline, ring)) return false;
+    auto& r = l->v.requests[ring];
     if (r.push(id, op, 0, payload)) {
       wire::ring::wake(*r.head());
       ring_calls.fetch_add(1, std::memory_order_relaxed);
+      l->pushed[ring].fetch_add(1, std::memory_order_relaxed);
       return true;
     }
     auto back = l->take(id);  // the ring is full: the socket takes it
@@ -977,9 +1009,14 @@ worker_arena worker_supervisor::arena() const {
 
 worker_statistics worker_supervisor::statistics() const {
   std::size_t ring_calls = 0;
-  if (auto l = p_->current_link()) ring_calls = l->pending.load();
+  std::vector<std::uint64_t> per_ring;
+  if (auto l = p_->current_link()) {
+    ring_calls = l->pending.load();
+    for (std::size_t i = 0; i < l->v.rings; ++i) per_ring.push_back(l->pushed[i].load());
+  }
   std::lock_guard lk(p_->mu);
   auto s = p_->stats;
+  s.calls_per_ring = std::move(per_ring);
   s.calls_pending += ring_calls;
   s.ring_calls = p_->ring_calls.load();
   s.socket_calls = p_->socket_calls.load();

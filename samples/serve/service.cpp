@@ -69,6 +69,43 @@ struct histogram {
   }
 };
 
+/// Device buffers one connection reuses from request to request (its
+/// requests run one after another, so a buffer is free again once a request
+/// has succeeded). An allocation and its stream-ordered release cost more
+/// host time than the GPU work of a small request (docs/design.md, "The
+/// reference service"). A slot is made again when it is too small or stale
+/// (a restarted worker), and every slot is dropped after a failed request
+/// (a timed-out request's GPU work may still use them: the library keeps
+/// them alive until it ends). Requests larger than `cached_bytes` allocate
+/// their own, so that many idle connections hold little device memory.
+struct scratch {
+  static constexpr std::size_t cached_bytes = std::size_t{1} << 20;  // per slot
+  std::array<cuda::gpu_ref<float>, 5> f;
+  std::array<cuda::gpu_ref<std::complex<float>>, 2> c;
+
+  /// `count` elements of slot `slot` (a fresh allocation if large).
+  template <class T>
+  static cuda::result<cuda::gpu_ref<T>> take(cuda::device& dev, cuda::gpu_ref<T>& slot,
+                                             std::size_t count) {
+    if (count * sizeof(T) > cached_bytes) return dev.allocate<T>(count);
+    if (slot.size() < count || slot.generation() != dev.generation() || slot.stale()) {
+      slot = {};
+      auto fresh = dev.allocate<T>(count);
+      if (!fresh) return fresh.error();
+      slot = std::move(fresh).value();
+    }
+    return slot.subspan(0, count);
+  }
+  cuda::result<cuda::gpu_ref<float>> floats(cuda::device& dev, std::size_t i, std::size_t n) {
+    return take(dev, f.at(i), n);
+  }
+  cuda::result<cuda::gpu_ref<std::complex<float>>> complexes(cuda::device& dev, std::size_t i,
+                                                             std::size_t n) {
+    return take(dev, c.at(i), n);
+  }
+  void drop() { *this = {}; }
+};
+
 /// An error body: {"error": message, "code": the library's errc name or the HTTP reason}.
 std::string error_body(std::string_view message, std::string_view code) {
   return "{\"error\":" + json::quote(message) + ",\"code\":" + json::quote(code) + "}";
@@ -371,6 +408,7 @@ struct service::impl : std::enable_shared_from_this<impl> {
     // Beast reads max(512, free capacity) bytes at a time: room for 64 KiB
     // takes a raw gemm 64 request (32 KiB) in one or two reads, not 64.
     buf.reserve(std::size_t{1} << 16);
+    scratch sc;  // this connection's device buffers
     for (;;) {
       http::request_parser<http::string_body> parser;
       parser.body_limit(self->o.body_limit);
@@ -411,12 +449,15 @@ struct service::impl : std::enable_shared_from_this<impl> {
       request req = parser.release();
       const auto t0 = std::chrono::steady_clock::now();
       int ep = ep_other;
-      auto out = co_await (self->handle(req, ep) || watch_close(s, buf));
+      auto out = co_await (self->handle(req, ep, sc) || watch_close(s, buf));
       if (out.index() == 1) {
         ++self->gone;  // the client left: its GPU wait was cancelled
         break;
       }
       response res = std::get<0>(std::move(out));
+      // A failed request's GPU work may still use the buffers (a timeout's
+      // goes on, parked): the next request gets new ones.
+      if (res.result_int() >= 300) sc.drop();
       res.version(req.version());
       res.keep_alive(req.keep_alive() && !self->stopping.load());
       res.prepare_payload();
@@ -469,7 +510,7 @@ struct service::impl : std::enable_shared_from_this<impl> {
     return reply(status_of(e.code()), error_body(e.message(), cuda::to_string(e.code())));
   }
 
-  asio::awaitable<response> handle(const request& req, int& ep) {
+  asio::awaitable<response> handle(const request& req, int& ep, scratch& sc) {
     const std::string_view target = req.target();
     const auto q = target.find('?');
     const std::string_view path = target.substr(0, q);
@@ -490,9 +531,9 @@ struct service::impl : std::enable_shared_from_this<impl> {
     if (path == "/v1/gemm" || path == "/v1/fft" || path == "/v1/infer") {
       ep = path == "/v1/gemm" ? ep_gemm : path == "/v1/fft" ? ep_fft : ep_infer;
       if (!post) co_return bad(http::status::method_not_allowed, "use POST");
-      if (ep == ep_gemm) co_return co_await gemm(req);
-      if (ep == ep_fft) co_return co_await fft_forward(req);
-      co_return co_await infer(req);
+      if (ep == ep_gemm) co_return co_await gemm(req, sc);
+      if (ep == ep_fft) co_return co_await fft_forward(req, sc);
+      co_return co_await infer(req, sc);
     }
     if (path == "/v1/fault" && o.test_faults) {
       ep = ep_fault;
@@ -510,7 +551,7 @@ struct service::impl : std::enable_shared_from_this<impl> {
 
   // ---------------------------------------------------------- gemm
 
-  asio::awaitable<response> gemm(const request& req) {
+  asio::awaitable<response> gemm(const request& req, scratch& sc) {
     std::int64_t m = 0, n = 0, k = 0;
     std::vector<float> a, b;
     std::string err;
@@ -552,9 +593,9 @@ struct service::impl : std::enable_shared_from_this<impl> {
     auto& blas = g.value().blas;
     std::vector<float> c(static_cast<std::size_t>(m * n));
     auto run = [&]() -> asio::awaitable<cuda::result<void>> {
-      BOOST_OUTCOME_CO_TRY(auto ga, dev.allocate<float>(a.size()));
-      BOOST_OUTCOME_CO_TRY(auto gb, dev.allocate<float>(b.size()));
-      BOOST_OUTCOME_CO_TRY(auto gc, dev.allocate<float>(c.size()));
+      BOOST_OUTCOME_CO_TRY(auto ga, sc.floats(dev, 0, a.size()));
+      BOOST_OUTCOME_CO_TRY(auto gb, sc.floats(dev, 1, b.size()));
+      BOOST_OUTCOME_CO_TRY(auto gc, sc.floats(dev, 2, c.size()));
       // Row-major C = A B is column-major C^T = B^T A^T: cuBLAS sees the
       // row-major arrays as their transposes, so B goes first.
       cuda::gemm_params p;
@@ -579,7 +620,7 @@ struct service::impl : std::enable_shared_from_this<impl> {
 
   // ---------------------------------------------------------- fft
 
-  asio::awaitable<response> fft_forward(const request& req) {
+  asio::awaitable<response> fft_forward(const request& req, scratch& sc) {
     std::int64_t n = 0;
     std::vector<std::complex<float>> x;
     std::string err;
@@ -619,8 +660,8 @@ struct service::impl : std::enable_shared_from_this<impl> {
                                        "/v1/fft: no FFT actor on this device: " + g.value().note));
     std::vector<std::complex<float>> y(x.size());
     auto run = [&]() -> asio::awaitable<cuda::result<void>> {
-      BOOST_OUTCOME_CO_TRY(auto gx, dev.allocate<std::complex<float>>(x.size()));
-      BOOST_OUTCOME_CO_TRY(auto gy, dev.allocate<std::complex<float>>(y.size()));
+      BOOST_OUTCOME_CO_TRY(auto gx, sc.complexes(dev, 0, x.size()));
+      BOOST_OUTCOME_CO_TRY(auto gy, sc.complexes(dev, 1, y.size()));
       cuda::fft_shape sh;
       sh.dims[0] = n;
       BOOST_OUTCOME_CO_TRY(co_await cuda::compose(dev, how(), cuda::upload(x, gx),
@@ -644,7 +685,7 @@ struct service::impl : std::enable_shared_from_this<impl> {
 
   // ---------------------------------------------------------- infer
 
-  asio::awaitable<response> infer(const request& req) {
+  asio::awaitable<response> infer(const request& req, scratch& sc) {
     std::vector<float> x;
     std::string err;
     const bool raw = is_raw(req);
@@ -678,12 +719,12 @@ struct service::impl : std::enable_shared_from_this<impl> {
     std::vector<float> probs(model::classes);
     auto run = [&]() -> asio::awaitable<cuda::result<void>> {
       using namespace model;
-      BOOST_OUTCOME_CO_TRY(auto gx, dev.allocate<float>(input_size));
+      BOOST_OUTCOME_CO_TRY(auto gx, sc.floats(dev, 0, input_size));
       BOOST_OUTCOME_CO_TRY(auto act,
-                           dev.allocate<float>(static_cast<std::size_t>(filters) * in_h * in_w));
-      BOOST_OUTCOME_CO_TRY(auto pooled, dev.allocate<float>(features));
-      BOOST_OUTCOME_CO_TRY(auto logits, dev.allocate<float>(classes));
-      BOOST_OUTCOME_CO_TRY(auto gp, dev.allocate<float>(classes));
+                           sc.floats(dev, 1, static_cast<std::size_t>(filters) * in_h * in_w));
+      BOOST_OUTCOME_CO_TRY(auto pooled, sc.floats(dev, 2, features));
+      BOOST_OUTCOME_CO_TRY(auto logits, sc.floats(dev, 3, classes));
+      BOOST_OUTCOME_CO_TRY(auto gp, sc.floats(dev, 4, classes));
       const cuda::tensor_shape xs{1, 1, in_h, in_w};
       const cuda::tensor_shape as{1, filters, in_h, in_w};
       cuda::conv2d_params cp;

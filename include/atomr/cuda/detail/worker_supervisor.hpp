@@ -99,6 +99,10 @@ struct worker_statistics {
   /// Calls sent through the shared-memory rings, and through the socket
   /// (too large for a slot, a full ring, no worker accepting).
   std::uint64_t ring_calls = 0, socket_calls = 0;
+  /// ring_calls by request ring (one entry per ring of the current worker;
+  /// empty without an arena): a call goes to the calling thread's ring
+  /// unless another has fewer calls in flight.
+  std::vector<std::uint64_t> calls_per_ring;
 };
 
 /// Starts, watches and restarts one worker process. Runs on its executor's
