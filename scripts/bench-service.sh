@@ -9,7 +9,10 @@
 #      element checked) as one compose() unit from 64 coroutines on T io
 #      threads, and raw CUDA doing it -> service_pipeline.json;
 #   3. atomr-serve --isolated --test-faults: 64 connections for 10 s of gemm
-#      with an illegal-address fault every 3 s -> service_isolated.json.
+#      with an illegal-address fault every 3 s -> service_isolated.json;
+#   4. 1 and 2 (raw bodies) again with T2 io threads for both the service and
+#      the library (default 8; T2=0 leaves it out) -> service_raw_t8.json,
+#      service_pipeline_t8.json (named t8 whatever T2 is).
 # scripts/bench-summary.py puts them under "service" in summary.json.
 # Usage: bench-service.sh BUILD_DIR OUT_DIR   (N, T, SECONDS_PER_RUN and LOAD_T,
 # atomr-load's io threads, from the environment: defaults 64, 4, 10 and 8; at 2
@@ -19,6 +22,7 @@
 set -u -o pipefail
 build=$1 out=$2
 n=${N:-64} threads=${T:-4} seconds=${SECONDS_PER_RUN:-10} load_threads=${LOAD_T:-8}
+threads2=${T2:-8}
 mkdir -p "$out"
 build=$(realpath "$build") out=$(realpath "$out")
 cd "$(dirname "$0")/.." || exit 1
@@ -30,6 +34,7 @@ trap stop EXIT
 rc=0
 # The service's CPU time so far (user + system, every thread), in clock ticks.
 serve_ticks() { awk '{ print $14 + $15 }' "/proc/$pid/stat" 2>/dev/null || echo 0; }
+serve_threads=$threads
 load() {  # load NAME ARGS...: atomr-load against $port, JSON into $out/NAME.json
   local name=$1
   shift
@@ -41,10 +46,11 @@ load() {  # load NAME ARGS...: atomr-load against $port, JSON into $out/NAME.jso
   echo "$name: atomr-load rc=$r"
   # The service's CPU per answered request, next to the load generator's own.
   [ -f "$out/$name.json" ] && python3 - "$out/$name.json" "$t0" "$(serve_ticks)" \
-    "$(getconf CLK_TCK)" <<'PY'
+    "$(getconf CLK_TCK)" "$serve_threads" <<'PY'
 import json, sys
 path, t0, t1, hz = sys.argv[1], float(sys.argv[2]), float(sys.argv[3]), float(sys.argv[4])
 d = json.load(open(path))
+d["server_threads"] = int(sys.argv[5])
 answered = d["ok"] + d["failed"]
 d["server_cpu_us_per_req"] = (t1 - t0) / hz * 1e6 / answered if answered else 0.0
 json.dump(d, open(path, "w"))
@@ -68,4 +74,13 @@ serve_start "$build/samples/atomr-serve" "$out/serve-isolated.log" --threads "$t
   --isolated --test-faults
 load service_isolated --wait-healthy 60 --seconds 10 --fault-every-ms 3000
 stop
+
+if [ "$threads2" != 0 ]; then
+  serve_threads=$threads2
+  serve_start "$build/samples/atomr-serve" "$out/serve-inprocess-t2.log" --threads "$threads2"
+  load service_raw_t8 --wait-healthy 20 --seconds "$seconds" --raw
+  stop
+  "$build/bench/atomr-bench-pipeline" --variants serve_gemm --n "$n" --in-flight 64 \
+    --threads "$threads2" --seconds "$seconds" --json "$out/service_pipeline_t8.json" || rc=$?
+fi
 exit "$rc"

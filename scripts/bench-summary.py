@@ -25,6 +25,8 @@ exist (a missing or unreadable one is skipped with a note on stderr):
                    raw and JSON bodies in process, and isolated with injected faults)
   service_pipeline.json  atomr-bench-pipeline --variants serve_gemm: the library
                    doing the service's request in the same run ("service" rows)
+  service_raw_t8.json, service_pipeline_t8.json  the same raw-body load and
+                   library run with 8 io threads each (the service and the library)
 
 each with "device", "date" and "command" (atomr-load's files have neither). Writes summary.json and summary.md
 (the Markdown also goes to stdout) and evaluates the targets of issue 5.
@@ -93,6 +95,8 @@ SOURCES = (
     ("service_json", "service_json.json"),
     ("service_pipeline", "service_pipeline.json"),
     ("service_isolated", "service_isolated.json"),
+    ("service_raw_t8", "service_raw_t8.json"),
+    ("service_pipeline_t8", "service_pipeline_t8.json"),
 )
 
 
@@ -319,17 +323,25 @@ def service_rows(docs):
     """The service's runs (scripts/bench-service.sh): one row per atomr-load run,
     the in-process ones with the library's serve_gemm unit and raw CUDA of the
     same run beside them."""
-    lib, lib_alloc = {}, {}
-    if "service_pipeline" in docs:
-        for r in rows_of(docs["service_pipeline"], "pipeline", "service_pipeline.json",
-                         ("variant", "in_flight", "req_per_s", "raw_req_per_s")):
-            if r["variant"] == "serve_gemm":
-                lib = r
-            elif r["variant"] == "serve_gemm_alloc":
-                lib_alloc = r
+    def library(key):
+        """The serve_gemm and serve_gemm_alloc rows of one pipeline run."""
+        lib, lib_alloc = {}, {}
+        if key in docs:
+            for r in rows_of(docs[key], "pipeline", key + ".json",
+                             ("variant", "in_flight", "req_per_s", "raw_req_per_s")):
+                if r["variant"] == "serve_gemm":
+                    lib = r
+                elif r["variant"] == "serve_gemm_alloc":
+                    lib_alloc = r
+        return lib, lib_alloc
+
     rows = []
-    for kind, mode in (("service_raw", "in_process_raw"), ("service_json", "in_process_json"),
-                       ("service_isolated", "isolated_faults")):
+    for kind, mode, lib_key in (("service_raw", "in_process_raw", "service_pipeline"),
+                                ("service_json", "in_process_json", "service_pipeline"),
+                                ("service_isolated", "isolated_faults", None),
+                                ("service_raw_t8", "in_process_raw_8_threads",
+                                 "service_pipeline_t8")):
+        lib, lib_alloc = library(lib_key) if lib_key else ({}, {})
         d = docs.get(kind)
         if d is None:
             continue
@@ -344,7 +356,8 @@ def service_rows(docs):
                "req_per_s": num(d["req_per_s"]), "p50_us": num(d.get("p50_us")),
                "p99_us": num(d.get("p99_us")),
                "server_cpu_us_per_req": num(d.get("server_cpu_us_per_req")),
-               "client_cpu_us_per_req": num(d.get("client_cpu_us_per_req"))}
+               "client_cpu_us_per_req": num(d.get("client_cpu_us_per_req")),
+               "server_threads": d.get("server_threads")}
         try:
             health = json.loads(d.get("health_after") or "{}")
         except ValueError:
@@ -353,6 +366,7 @@ def service_rows(docs):
         row["worker_restarts"] = health.get("worker_restarts")
         if mode.startswith("in_process") and lib:
             row["library_req_per_s"] = num(lib.get("req_per_s"))
+            row["library_threads"] = (docs.get(lib_key) or {}).get("threads")
             row["library_in_flight"] = lib.get("in_flight")
             row["library_p99_us"] = num(lib.get("p99_us"))
             row["raw_req_per_s"] = num(lib.get("raw_req_per_s"))
@@ -595,7 +609,7 @@ def targets(s):
         checks = [check(r.get("vs_library"), SERVICE_VS_LIBRARY,
                         r.get("vs_library") is not None and r["vs_library"] >= SERVICE_VS_LIBRARY,
                         mode=r["mode"])
-                  for r in s["service"] if r["mode"] == "in_process_raw"]
+                  for r in s["service"] if r["mode"].startswith("in_process_raw")]
         t["service_vs_library"] = target(
             "the service >= 90% of the library's req/s for the same work (raw bodies)", "ratio",
             checks)
