@@ -136,11 +136,19 @@ struct iso : io_fixture {
 /// One checked request: upload A (random, seeded), C = A * B, download C and
 /// compare with the double-precision reference. 1: correct, 0: an error
 /// (the code is counted), -1: wrong numbers (never allowed).
+/// The first message checked_gemm saw for each error code (to report
+/// alongside a count; guarded by the callers' mutex).
+std::map<errc, std::string>& first_messages() {
+  static std::map<errc, std::string> m;
+  return m;
+}
+
 asio::awaitable<int> checked_gemm(device dev, blas_actor blas, const std::vector<float>& b,
                                   std::uint64_t seed, std::map<errc, int>& errors, std::mutex& mu) {
   auto fail = [&](const gpu_error& e) {
     std::lock_guard lk(mu);
     ++errors[e.code()];
+    first_messages().emplace(e.code(), e.message());
     return 0;
   };
   const auto a = random_floats(n * n, seed);
@@ -747,7 +755,8 @@ TEST_CASE_FIXTURE(iso,
     {
       std::lock_guard lk(mu);
       for (auto [code, count] : errors) {
-        MESSAGE(fk.name << ": " << count << " x " << to_string(code));
+        MESSAGE(fk.name << ": " << count << " x " << to_string(code)
+                        << " (first: " << first_messages()[code] << ")");
         CHECK((code == errc::context_poisoned || code == errc::stale_ref ||
                code == errc::device_unavailable || code == errc::timeout));
       }
