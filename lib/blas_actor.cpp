@@ -1430,7 +1430,8 @@ result<blas_actor> blas_actor::create(device dev, blas_options options) {
     return blas_actor(std::move(st));
   }
   auto first = st->make_lane();
-  if (!first) return tag(first.error());
+  // cublasCreate in a context a fault just poisoned fails as a library error.
+  if (!first) return tag(dev.impl()->blame_fault(first.error()));
   st->lanes.install_first(std::move(first).value());
   return blas_actor(std::move(st));
 }

@@ -921,8 +921,9 @@ result<cudnn_actor> cudnn_actor::create(device dev, cudnn_options options) {
     r.limit = options.workspace_limit;
     return cudnn_actor(std::move(st));
   }
-  BOOST_OUTCOME_TRY(auto first, st->make_lane());
-  st->lanes.install_first(std::move(first));
+  auto first = st->make_lane();
+  if (!first) return dev.impl()->blame_fault(first.error());
+  st->lanes.install_first(std::move(first).value());
   return cudnn_actor(std::move(st));
 }
 

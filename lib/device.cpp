@@ -418,6 +418,15 @@ void device_impl::probe_context() {
   if (e.code() == errc::context_poisoned) poison(e);
 }
 
+gpu_error device_impl::blame_fault(gpu_error e) {
+  if (e.code() != errc::driver && e.code() != errc::library) return e;
+  probe_context();
+  if (health.load() != health_state::poisoned) return e;
+  return gpu_error(
+      errc::context_poisoned, e.library(), e.native_status(),
+      e.message() + " (the CUDA context is poisoned: " + fault_error().message() + ")");
+}
+
 cudaError_t device_impl::make_current() const noexcept {
   int cur = -1;
   if (cudaGetDevice(&cur) == cudaSuccess && cur == ordinal) return cudaSuccess;

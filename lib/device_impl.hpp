@@ -207,6 +207,13 @@ public:
   /// After a driver or library failure, asks CUDA whether the context is
   /// still alive (cudaStreamQuery on the main stream); poisons it if not.
   void probe_context();
+  /// A driver or library failure (`e`) in a context that the probe then
+  /// finds poisoned failed because of the fault (its own or another
+  /// operation's): returned as context_poisoned, with both messages, so that
+  /// the caller sees the one error that says to give up on this context (a
+  /// worker restart, a new process) rather than a survivable one. Any other
+  /// error is returned as it is.
+  gpu_error blame_fault(gpu_error e);
 
   /// True once init() made the ordinal current (so CUDA knows it) and no
   /// sticky fault has hit it since: teardown may call CUDA for it.

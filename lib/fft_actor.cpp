@@ -525,8 +525,9 @@ result<fft_actor> fft_actor::create(device dev, fft_options options) {
     st->remote.cache = options.plan_cache_size;
     return fft_actor(std::move(st));
   }
-  BOOST_OUTCOME_TRY(auto first, st->make_lane());
-  st->lanes.install_first(std::move(first));
+  auto first = st->make_lane();
+  if (!first) return dev.impl()->blame_fault(first.error());
+  st->lanes.install_first(std::move(first).value());
   return fft_actor(std::move(st));
 }
 

@@ -116,17 +116,7 @@ gpu_error launch::fail(gpu_error e) {
   e = e.tagged(library_);
   if (stream_) {
     auto& d = *stream_.state()->owner;
-    if (e.code() == errc::driver || e.code() == errc::library) {
-      d.probe_context();
-      // A library or driver call that failed in a context lost to a sticky
-      // fault (its own or another operation's) failed because of it: say so,
-      // so that the caller sees the one error that tells it to give up on
-      // this context (a worker restart, a new process), not a survivable one.
-      if (d.health.load() == health_state::poisoned)
-        e = gpu_error(
-            errc::context_poisoned, e.library(), e.native_status(),
-            e.message() + " (the CUDA context is poisoned: " + d.fault_error().message() + ")");
-    }
+    e = d.blame_fault(std::move(e));
     d.note_error(e);
     if (e.code() != errc::context_poisoned && d.health.load() == health_state::healthy)
       cudaGetLastError();  // a survivable error must not be blamed on the next launch

@@ -506,8 +506,9 @@ result<rng_actor> rng_actor::create(device dev, rng_options options) {
   auto s = dev.acquire_stream(lanes.streams, detail::k_lib);
   if (!s) return s.error().tagged(detail::k_lib);
   auto first = std::make_unique<detail::rng_lane>(std::move(s).value());
-  BOOST_OUTCOME_TRY(first->gen,
-                    detail::make_generator(*st, first->strm, options.seed, options.offset));
+  auto gen = detail::make_generator(*st, first->strm, options.seed, options.offset);
+  if (!gen) return dev.impl()->blame_fault(gen.error());
+  first->gen = gen.value();
   if (st->blocks) {  // the first block starts at the offset, where the generator is
     first->cursor = options.offset;
     first->end = options.offset + detail::rng_lane_block;
