@@ -135,7 +135,6 @@ struct ring_link {
   struct entry {
     reply_fn done;
     clock::time_point deadline;
-    std::size_t ring;  // the request ring it went into
   };
 
   std::shared_ptr<void> keep;  // the mapping
@@ -145,38 +144,15 @@ struct ring_link {
   std::atomic<bool> accepting{false};
   std::atomic<std::size_t> pending{0};
 
-  /// Calls in flight per request ring (pushed, reply not taken yet).
-  std::array<std::atomic<std::uint32_t>, wire::max_rings> in_ring{};
   /// Calls pushed per request ring (statistics).
   std::array<std::atomic<std::uint64_t>, wire::max_rings> pushed{};
 
-  /// The request ring for a call from this thread: the thread's own (threads
-  /// take turns over the rings) unless another has fewer calls in flight.
-  /// The io threads of a shared io_context are not equally busy (the awake
-  /// ones take the completions), so a fixed ring per thread left two of
-  /// four worker threads with most of the work (session 24's profile).
-  std::size_t pick_ring() const {
-    const std::size_t n = v.rings, home = ring_index(n);
-    std::size_t best = home;
-    std::uint32_t least = in_ring[home].load(std::memory_order_relaxed);
-    for (std::size_t i = 1; i < n && least > 0; ++i) {
-      const std::size_t r = (home + i) % n;
-      if (const auto c = in_ring[r].load(std::memory_order_relaxed); c < least) {
-        least = c;
-        best = r;
-      }
-    }
-    return best;
-  }
-
-  /// Registers a call (taking `done`) bound for request ring `ring`; false
-  /// once the incarnation ended.
-  bool add(std::uint64_t id, reply_fn& done, clock::time_point deadline, std::size_t ring) {
+  /// Registers a call (taking `done`); false once the incarnation ended.
+  bool add(std::uint64_t id, reply_fn& done, clock::time_point deadline) {
     std::lock_guard lk(mu_);
     if (dead_) return false;
-    calls_.emplace(id, entry{std::move(done), deadline, ring});
+    calls_.emplace(id, entry{std::move(done), deadline});
     pending.fetch_add(1, std::memory_order_relaxed);
-    in_ring[ring].fetch_add(1, std::memory_order_relaxed);
     return true;
   }
 
@@ -186,7 +162,6 @@ struct ring_link {
     auto it = calls_.find(id);
     if (it == calls_.end()) return std::nullopt;
     auto done = std::move(it->second.done);
-    in_ring[it->second.ring].fetch_sub(1, std::memory_order_relaxed);
     calls_.erase(it);
     pending.fetch_sub(1, std::memory_order_relaxed);
     return done;
@@ -213,7 +188,6 @@ struct ring_link {
     for (auto& [id, e] : calls_) out.push_back(std::move(e.done));
     calls_.clear();
     pending.store(0);
-    for (auto& c : in_ring) c.store(0);
     return out;
   }
 
@@ -380,8 +354,11 @@ struct worker_supervisor::impl : std::enable_shared_from_this<impl> {
         (incarnation != 0 && incarnation != l->inc))
       return false;
     const auto id = (std::uint64_t{1} << 63) | next_ring_id.fetch_add(1, std::memory_order_relaxed);
-    const std::size_t ring = l->pick_ring();
-    if (!l->add(id, done, deadline, ring)) return false;
+    if (!l->add(id, done, deadline)) return false;
+    // The calling thread's ring: a thread's requests stay in the order it
+    // made them (two operations issued together that write one buffer keep
+    // their order, as on a device in process: docs/guide.md, 2.4).
+    const std::size_t ring = ring_index(l->v.rings);
     auto& r = l->v.requests[ring];
     if (r.push(id, op, 0, payload)) {
       wire::ring::wake(*r.head());

@@ -101,7 +101,7 @@ struct worker_statistics {
   std::uint64_t ring_calls = 0, socket_calls = 0;
   /// ring_calls by request ring (one entry per ring of the current worker;
   /// empty without an arena): a call goes to the calling thread's ring
-  /// unless another has fewer calls in flight.
+  /// (threads take turns over the rings).
   std::vector<std::uint64_t> calls_per_ring;
 };
 
