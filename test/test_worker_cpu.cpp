@@ -76,6 +76,17 @@ struct worker_fixture : io_fixture {
     const auto st = w->statistics();
     return st.state == worker_state::running && st.incarnation == inc;
   }
+  static constexpr std::size_t test_arena = std::size_t{4} << 20;
+  /// A worker with an arena of `test_arena` bytes and `rings` request rings
+  /// (0: the default), once its first incarnation runs.
+  std::shared_ptr<worker_supervisor> start_with_rings(std::size_t rings = 0) {
+    auto o = options();
+    o.arena_bytes = test_arena;
+    if (rings != 0) o.rings = rings;
+    auto w = start(o);
+    REQUIRE(run_until([&] { return running_incarnation(w, 1); }));
+    return w;
+  }
 };
 
 }  // namespace
@@ -221,21 +232,18 @@ std::size_t shm_entries() {
 TEST_CASE_FIXTURE(worker_fixture,
                   "worker arena: bytes written here are read by the worker (shared memory); "
                   "ranges checked here; nothing left in /dev/shm") {
-  auto o = options();
-  o.arena_bytes = std::size_t{4} << 20;
-  auto w = start(o);
-  REQUIRE(run_until([&] { return running_incarnation(w, 1); }));
+  auto w = start_with_rings();
   CHECK(w->statistics().arena_mapped);
   CHECK(shm_entries() == 0);  // the name goes once the worker has mapped it
   auto a = w->arena();
   REQUIRE(a.data);
-  REQUIRE(a.size >= o.arena_bytes);
-  for (std::size_t i = 0; i < o.arena_bytes; ++i)
+  REQUIRE(a.size >= test_arena);
+  for (std::size_t i = 0; i < test_arena; ++i)
     a.data[i] = static_cast<std::byte>((i * 2654435761u) >> 13);
   std::optional<result<std::uint64_t>> got, bad;
   const std::size_t off = 4096 + 3, len = (std::size_t{3} << 20) + 5;
   w->arena_checksum(off, len, [&](result<std::uint64_t> r) { got.emplace(r); });
-  w->arena_checksum(o.arena_bytes - 4, 8, [&](result<std::uint64_t> r) { bad.emplace(r); });
+  w->arena_checksum(test_arena - 4, 8, [&](result<std::uint64_t> r) { bad.emplace(r); });
   REQUIRE(run_until([&] { return got && bad; }));
   REQUIRE_MESSAGE(*got, (*got ? "" : got->error().message()));
   CHECK(got->value() == wire::fnv1a(a.data + off, len));
@@ -313,13 +321,37 @@ std::string copy_payload(std::uint64_t i) {
 }  // namespace
 
 TEST_CASE_FIXTURE(worker_fixture,
+                  "worker arena: a supervisor destroyed before its worker's hello leaves nothing "
+                  "in /dev/shm, even without running the io_context again") {
+  // A stand-in worker that never says hello: the arena's name is still in
+  // /dev/shm when the supervisor goes.
+  const auto script = std::filesystem::temp_directory_path() /
+                      ("atomr-silent-worker-" + std::to_string(::getpid()) + ".sh");
+  {
+    std::ofstream f(script);
+    f << "#!/bin/sh\nexec sleep 30\n";
+  }
+  std::filesystem::permissions(script, std::filesystem::perms::owner_all);
+  auto o = options();
+  o.executable = script.string();
+  o.arena_bytes = test_arena;
+  int pid = 0;
+  {
+    auto w = start(o);
+    REQUIRE(run_until([&] { return w->statistics().pid > 0; }));
+    pid = w->statistics().pid;
+    CHECK(w->statistics().state == worker_state::starting);
+    CHECK(shm_entries() == 1);
+  }
+  CHECK(shm_entries() == 0);  // before any handler of the io_context ran
+  CHECK(pid_gone(pid));
+  std::filesystem::remove(script);
+}
+
+TEST_CASE_FIXTURE(worker_fixture,
                   "worker rings: calls from several threads go through the shared-memory rings "
                   "and each gets exactly one answer; too large ones take the socket") {
-  auto o = options();
-  o.arena_bytes = std::size_t{4} << 20;
-  o.rings = 2;
-  auto w = start(o);
-  REQUIRE(run_until([&] { return running_incarnation(w, 1); }));
+  auto w = start_with_rings(2);
   CHECK(w->statistics().reader_threads == 1);
   // An allocation through the control ring (the --no-cuda worker records it
   // as failed: the later requests naming it are answered all the same).
@@ -363,10 +395,7 @@ TEST_CASE_FIXTURE(worker_fixture,
 TEST_CASE_FIXTURE(worker_fixture,
                   "worker rings: calls waiting in the rings fail at once when the worker dies, "
                   "none hangs, and the next worker answers through its own rings") {
-  auto o = options();
-  o.arena_bytes = std::size_t{4} << 20;
-  auto w = start(o);
-  REQUIRE(run_until([&] { return running_incarnation(w, 1); }));
+  auto w = start_with_rings();
   const int pid = w->statistics().pid;
   // Stopped, it reads nothing: the calls wait in the rings. SIGSTOP lands
   // asynchronously: wait until every thread of the worker is stopped.
@@ -402,11 +431,7 @@ TEST_CASE_FIXTURE(worker_fixture,
 TEST_CASE_FIXTURE(worker_fixture,
                   "worker rings: a thread's calls go into one ring, in order; threads take "
                   "turns over the rings; every call is answered") {
-  auto o = options();
-  o.arena_bytes = std::size_t{4} << 20;
-  o.rings = 4;
-  auto w = start(o);
-  REQUIRE(run_until([&] { return running_incarnation(w, 1); }));
+  auto w = start_with_rings(4);
   REQUIRE(w->statistics().calls_per_ring.size() == 4);
   // A stopped worker answers nothing: the calls stay in the rings, where
   // statistics() counts them.
@@ -579,10 +604,7 @@ TEST_CASE(
 TEST_CASE_FIXTURE(worker_fixture,
                   "worker: actor and unit requests reach the worker through the rings and the "
                   "socket; malformed ones are answered invalid_argument") {
-  auto o = options();
-  o.arena_bytes = std::size_t{4} << 20;
-  auto w = start(o);
-  REQUIRE(run_until([&] { return running_incarnation(w, 1); }));
+  auto w = start_with_rings();
   wire::actor_head h;
   h.actor = 7;
   h.kind = static_cast<std::uint16_t>(wire::actor_kind::blas);
@@ -644,10 +666,7 @@ TEST_CASE_FIXTURE(worker_fixture,
 TEST_CASE_FIXTURE(worker_fixture,
                   "worker: an indirect request's payload is read from the arena; its range and "
                   "its contents are checked") {
-  auto o = options();
-  o.arena_bytes = std::size_t{4} << 20;
-  auto w = start(o);
-  REQUIRE(run_until([&] { return running_incarnation(w, 1); }));
+  auto w = start_with_rings();
   auto a = w->arena();
   REQUIRE(a.data);
   // A unit of one actor request, over a ring slot: written into the arena.
@@ -683,7 +702,7 @@ TEST_CASE_FIXTURE(worker_fixture,
   answers fine, cut, outside, nested;
   w->call(op, ind(unit_op, off, unit.size()), deadline, 0, fine.fn());
   w->call(op, ind(unit_op, off, unit.size() - 1), deadline, 0, cut.fn());
-  w->call(op, ind(unit_op, o.arena_bytes - 8, unit.size()), deadline, 0, outside.fn());
+  w->call(op, ind(unit_op, test_arena - 8, unit.size()), deadline, 0, outside.fn());
   w->call(op, ind(op, off, unit.size()), deadline, 0, nested.fn());
   REQUIRE(run_until([&] {
     return fine.count() == 1 && cut.count() == 1 && outside.count() == 1 && nested.count() == 1;

@@ -250,8 +250,8 @@ struct worker_supervisor::impl : std::enable_shared_from_this<impl> {
   bool writing = false;
   /// The arena of the current incarnation; its name until the worker said
   /// it mapped it (then the name is removed: nothing is left in /dev/shm).
-  worker_arena shared;  // guarded by mu (read by arena())
-  std::string arena_name;
+  worker_arena shared;     // guarded by mu (read by arena())
+  std::string arena_name;  // guarded by mu (the destructor removes it too)
   std::uint64_t next_request = 1;
   std::map<std::uint64_t, std::function<void(result<std::uint64_t>)>> pending;
   /// Operations sent (or held for the hello), by id, with their deadlines.
@@ -454,8 +454,12 @@ struct worker_supervisor::impl : std::enable_shared_from_this<impl> {
         namespace ipc = boost::interprocess;
         const std::size_t rings = std::clamp<std::size_t>(opt.rings, 1, wire::max_rings);
         const wire::region_layout layout{rings};
-        arena_name = "/" + name;
-        ipc::shared_memory_object shm(ipc::create_only, arena_name.c_str(), ipc::read_write);
+        const std::string shm_name = "/" + name;
+        {
+          std::lock_guard lk(mu);
+          arena_name = shm_name;
+        }
+        ipc::shared_memory_object shm(ipc::create_only, shm_name.c_str(), ipc::read_write);
         shm.truncate(static_cast<ipc::offset_t>(layout.bytes() + opt.arena_bytes));
         auto region = std::make_shared<ipc::mapped_region>(shm, ipc::read_write);
         auto* base = static_cast<std::byte*>(region->get_address());
@@ -475,7 +479,7 @@ struct worker_supervisor::impl : std::enable_shared_from_this<impl> {
         }
         set_link(std::move(l));
         args.insert(args.end(),
-                    {"--arena", arena_name, "--arena-bytes", std::to_string(opt.arena_bytes),
+                    {"--arena", shm_name, "--arena-bytes", std::to_string(opt.arena_bytes),
                      "--rings", std::to_string(rings)});
       }
       acceptor = std::make_unique<local::acceptor>(strand);
@@ -768,9 +772,15 @@ struct worker_supervisor::impl : std::enable_shared_from_this<impl> {
     finish();
   }
 
+  /// Removes the arena's name from /dev/shm (once; any thread). The
+  /// mappings stay valid: the memory goes with the last one.
   void remove_arena_name() {
-    if (!arena_name.empty()) boost::interprocess::shared_memory_object::remove(arena_name.c_str());
-    arena_name.clear();
+    std::string name;
+    {
+      std::lock_guard lk(mu);
+      name.swap(arena_name);
+    }
+    if (!name.empty()) boost::interprocess::shared_memory_object::remove(name.c_str());
   }
 
   /// Every request still waiting for this worker fails with `e`, at once.
@@ -904,6 +914,10 @@ worker_supervisor::~worker_supervisor() {
     ::kill(pid, SIGKILL);
     ::waitpid(pid, nullptr, 0);
   }
+  // Nor its arena's name: a handler posted below may never run (the
+  // io_context stopped or destroyed), and a name left in /dev/shm holds its
+  // memory until the machine restarts.
+  p_->remove_arena_name();
   asio::post(p_->strand, [p = p_] {
     p->reaped = true;
     if (!p->ended) {
