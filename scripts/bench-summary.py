@@ -341,7 +341,7 @@ def service_rows(docs):
                                 ("service_isolated", "isolated_faults", None),
                                 ("service_raw_t8", "in_process_raw_8_threads",
                                  "service_pipeline_t8")):
-        lib, lib_alloc = library(lib_key) if lib_key else ({}, {})
+        lib, lib_alloc = library(lib_key)
         d = docs.get(kind)
         if d is None:
             continue

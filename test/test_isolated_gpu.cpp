@@ -133,9 +133,6 @@ struct iso : io_fixture {
   }
 };
 
-/// One checked request: upload A (random, seeded), C = A * B, download C and
-/// compare with the double-precision reference. 1: correct, 0: an error
-/// (the code is counted), -1: wrong numbers (never allowed).
 /// The first message checked_gemm saw for each error code (to report
 /// alongside a count; guarded by the callers' mutex).
 std::map<errc, std::string>& first_messages() {
@@ -143,6 +140,9 @@ std::map<errc, std::string>& first_messages() {
   return m;
 }
 
+/// One checked request: upload A (random, seeded), C = A * B, download C and
+/// compare with the double-precision reference. 1: correct, 0: an error
+/// (the code is counted), -1: wrong numbers (never allowed).
 asio::awaitable<int> checked_gemm(device dev, blas_actor blas, const std::vector<float>& b,
                                   std::uint64_t seed, std::map<errc, int>& errors, std::mutex& mu) {
   auto fail = [&](const gpu_error& e) {

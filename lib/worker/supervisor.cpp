@@ -30,7 +30,6 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include <array>
 #include <atomic>
 #include <condition_variable>
 #include <cstdlib>
@@ -143,9 +142,6 @@ struct ring_link {
   /// Calls may be pushed: the first worker starting, or any worker running.
   std::atomic<bool> accepting{false};
   std::atomic<std::size_t> pending{0};
-
-  /// Calls pushed per request ring (statistics).
-  std::array<std::atomic<std::uint64_t>, wire::max_rings> pushed{};
 
   /// Registers a call (taking `done`); false once the incarnation ended.
   bool add(std::uint64_t id, reply_fn& done, clock::time_point deadline) {
@@ -358,12 +354,10 @@ struct worker_supervisor::impl : std::enable_shared_from_this<impl> {
     // The calling thread's ring: a thread's requests stay in the order it
     // made them (two operations issued together that write one buffer keep
     // their order, as on a device in process: docs/guide.md, 2.4).
-    const std::size_t ring = ring_index(l->v.rings);
-    auto& r = l->v.requests[ring];
+    auto& r = l->v.requests[ring_index(l->v.rings)];
     if (r.push(id, op, 0, payload)) {
       wire::ring::wake(*r.head());
       ring_calls.fetch_add(1, std::memory_order_relaxed);
-      l->pushed[ring].fetch_add(1, std::memory_order_relaxed);
       return true;
     }
     auto back = l->take(id);  // the ring is full: the socket takes it
@@ -1003,7 +997,8 @@ worker_statistics worker_supervisor::statistics() const {
   std::vector<std::uint64_t> per_ring;
   if (auto l = p_->current_link()) {
     ring_calls = l->pending.load();
-    for (std::size_t i = 0; i < l->v.rings; ++i) per_ring.push_back(l->pushed[i].load());
+    // A ring's producer count is its calls: a full ring claims nothing.
+    for (std::size_t i = 0; i < l->v.rings; ++i) per_ring.push_back(l->v.requests[i].claimed());
   }
   std::lock_guard lk(p_->mu);
   auto s = p_->stats;

@@ -88,7 +88,7 @@ struct scratch {
   static cuda::result<cuda::gpu_ref<T>> take(cuda::device& dev, cuda::gpu_ref<T>& slot,
                                              std::size_t count) {
     if (count * sizeof(T) > cached_bytes) return dev.allocate<T>(count);
-    if (slot.size() < count || slot.generation() != dev.generation() || slot.stale()) {
+    if (slot.size() < count || slot.stale()) {  // stale: another generation, or empty
       slot = {};
       auto fresh = dev.allocate<T>(count);
       if (!fresh) return fresh.error();
