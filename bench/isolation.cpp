@@ -36,6 +36,7 @@ struct options {
   int reps = 1000;
   double seconds = 2.0;
   int device = 0;
+  std::size_t rings = 0;  // 0: isolation_options' default
   std::string json;
   std::vector<std::string> parts{"latency", "throughput", "pipeline", "bandwidth", "recovery"};
 };
@@ -49,10 +50,11 @@ struct side {
   std::optional<blas_actor> blas;
 };
 
-result<side> make_side(asio::io_context& ioc, int ordinal, bool isolated) {
+result<side> make_side(asio::io_context& ioc, int ordinal, bool isolated, std::size_t rings) {
   device_options o;
   if (isolated) {
     o.isolation.enabled = true;
+    if (rings != 0) o.isolation.rings = rings;
     o.isolation.worker_args = {"--test-faults"};  // the recovery part injects faults
     o.isolation.budget.max_restarts = 20;
   }
@@ -289,9 +291,11 @@ bench::stats recovery(asio::io_context& ioc, side& s, int times) {
 int usage(const char* why) {
   if (why) std::fprintf(stderr, "%s: %s\n", prog, why);
   std::fprintf(why ? stderr : stdout,
-               "usage: %s [--reps N] [--seconds S] [--parts LIST] [--device D] [--json FILE]\n"
+               "usage: %s [--reps N] [--seconds S] [--parts LIST] [--device D] [--rings N]\n"
+               "       [--json FILE]\n"
                "The isolated device against the in-process one in the same run. Parts:\n"
-               "latency, throughput, pipeline, bandwidth, recovery (default: all).\n",
+               "latency, throughput, pipeline, bandwidth, recovery (default: all). --rings: the\n"
+               "isolated device's request rings (default: isolation_options' 4).\n",
                prog);
   return why ? 64 : 0;
 }
@@ -304,11 +308,13 @@ int main(int argc, char** argv) {
   if (!a.unknown.empty()) return usage(("unknown argument " + a.unknown.front()).c_str());
   options o;
   for (const auto& [k, v] : a.kv)
-    if (k != "reps" && k != "seconds" && k != "device" && k != "json" && k != "parts")
+    if (k != "reps" && k != "seconds" && k != "device" && k != "json" && k != "parts" &&
+        k != "rings")
       return usage(("unknown option --" + k).c_str());
   o.reps = static_cast<int>(a.num("reps", o.reps));
   o.device = static_cast<int>(a.num("device", o.device));
   o.json = a.get("json");
+  o.rings = static_cast<std::size_t>(a.num("rings", 0));
   if (a.has("seconds")) o.seconds = std::strtod(a.get("seconds").c_str(), nullptr);
   if (a.has("parts")) {
     o.parts.clear();
@@ -322,14 +328,15 @@ int main(int argc, char** argv) {
   }
   if (o.reps < 10 || o.reps > 1000000) return usage("--reps wants 10..1000000");
   if (!(o.seconds > 0 && o.seconds <= 60)) return usage("--seconds wants (0, 60]");
+  if (o.rings > 16) return usage("--rings wants 1..16");
   auto want = [&](const char* part) {
     return std::find(o.parts.begin(), o.parts.end(), part) != o.parts.end();
   };
   bench::require_gpu(prog);
 
   asio::io_context ioc;
-  auto inproc = make_side(ioc, o.device, false);
-  auto iso = make_side(ioc, o.device, true);
+  auto inproc = make_side(ioc, o.device, false, 0);
+  auto iso = make_side(ioc, o.device, true, o.rings);
   if (!inproc || !iso) {
     std::fprintf(stderr, "%s: %s\n", prog,
                  (!inproc ? inproc.error() : iso.error()).message().c_str());

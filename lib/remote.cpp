@@ -2,6 +2,7 @@
 #include "remote.hpp"
 
 #include "device_impl.hpp"
+#include "worker/reply_batch.hpp"
 #include "worker/ring.hpp"
 
 #include <atomr/cuda/detail/remote_ops.hpp>
@@ -258,11 +259,16 @@ struct call_wait : std::enable_shared_from_this<call_wait> {
       });
     // Never inline (`finish` runs on the reply reader, the supervisor's
     // strand, a timer or a cancellation): a post to the device's executor,
-    // then the waiter's own (inline when it is the same io_context).
+    // then the waiter's own (inline when it is the same io_context). On the
+    // reply reader the post joins its sweep's batch (reply_batch.hpp).
     auto ex = asio::get_associated_executor(*h, executor);
-    asio::post(executor, [h = std::move(*h), r = std::move(r), ex]() mutable {
+    auto resume = [h = std::move(*h), r = std::move(r), ex]() mutable {
       asio::dispatch(ex, asio::append(std::move(h), std::move(r)));
-    });
+    };
+    if (auto* batch = reply_batch::open(); batch && answer)
+      batch->add(executor, reply_batch::completion(std::move(resume)));
+    else
+      asio::post(executor, std::move(resume));
   }
 };
 

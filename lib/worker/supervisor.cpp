@@ -8,6 +8,7 @@
 
 #include "../cpu_relax.hpp"
 #include "protocol.hpp"
+#include "reply_batch.hpp"
 #include "ring.hpp"
 
 #include <atomr/cuda/detail/worker_supervisor.hpp>
@@ -309,11 +310,16 @@ struct worker_supervisor::impl : std::enable_shared_from_this<impl> {
         last = clock::now();
       }
       bool any = false;
-      for (std::size_t i = 0; i < l->v.rings; ++i)
-        while (l->v.replies[i].pop(m)) {
-          any = true;
-          l->complete(m.id, m.op, std::move(m.payload));
-        }
+      {
+        // One sweep's completions posted a chunk at a time (one io thread
+        // woken per chunk, not per reply).
+        reply_batch batch;
+        for (std::size_t i = 0; i < l->v.rings; ++i)
+          while (l->v.replies[i].pop(m)) {
+            any = true;
+            l->complete(m.id, m.op, std::move(m.payload));
+          }
+      }
       const auto now = clock::now();
       if (any) {
         last = now;
