@@ -36,7 +36,8 @@ struct options {
   int reps = 1000;
   double seconds = 2.0;
   int device = 0;
-  std::size_t rings = 0;  // 0: isolation_options' default
+  std::size_t rings = 0;    // 0: isolation_options' default
+  long reply_spin_us = -1;  // -1: isolation_options' default
   std::string json;
   std::vector<std::string> parts{"latency", "throughput", "pipeline", "bandwidth", "recovery"};
 };
@@ -50,11 +51,12 @@ struct side {
   std::optional<blas_actor> blas;
 };
 
-result<side> make_side(asio::io_context& ioc, int ordinal, bool isolated, std::size_t rings) {
+result<side> make_side(asio::io_context& ioc, int ordinal, bool isolated, const options& bo) {
   device_options o;
   if (isolated) {
     o.isolation.enabled = true;
-    if (rings != 0) o.isolation.rings = rings;
+    if (bo.rings != 0) o.isolation.rings = bo.rings;
+    if (bo.reply_spin_us >= 0) o.isolation.reply_spin = std::chrono::microseconds(bo.reply_spin_us);
     o.isolation.worker_args = {"--test-faults"};  // the recovery part injects faults
     o.isolation.budget.max_restarts = 20;
   }
@@ -292,10 +294,11 @@ int usage(const char* why) {
   if (why) std::fprintf(stderr, "%s: %s\n", prog, why);
   std::fprintf(why ? stderr : stdout,
                "usage: %s [--reps N] [--seconds S] [--parts LIST] [--device D] [--rings N]\n"
-               "       [--json FILE]\n"
+               "       [--reply-spin US] [--json FILE]\n"
                "The isolated device against the in-process one in the same run. Parts:\n"
                "latency, throughput, pipeline, bandwidth, recovery (default: all). --rings: the\n"
-               "isolated device's request rings (default: isolation_options' 4).\n",
+               "isolated device's request rings, --reply-spin: its reply_spin in us (default:\n"
+               "isolation_options').\n",
                prog);
   return why ? 64 : 0;
 }
@@ -309,12 +312,13 @@ int main(int argc, char** argv) {
   options o;
   for (const auto& [k, v] : a.kv)
     if (k != "reps" && k != "seconds" && k != "device" && k != "json" && k != "parts" &&
-        k != "rings")
+        k != "rings" && k != "reply-spin")
       return usage(("unknown option --" + k).c_str());
   o.reps = static_cast<int>(a.num("reps", o.reps));
   o.device = static_cast<int>(a.num("device", o.device));
   o.json = a.get("json");
   o.rings = static_cast<std::size_t>(a.num("rings", 0));
+  o.reply_spin_us = a.num("reply-spin", -1);
   if (a.has("seconds")) o.seconds = std::strtod(a.get("seconds").c_str(), nullptr);
   if (a.has("parts")) {
     o.parts.clear();
@@ -329,14 +333,15 @@ int main(int argc, char** argv) {
   if (o.reps < 10 || o.reps > 1000000) return usage("--reps wants 10..1000000");
   if (!(o.seconds > 0 && o.seconds <= 60)) return usage("--seconds wants (0, 60]");
   if (o.rings > 16) return usage("--rings wants 1..16");
+  if (o.reply_spin_us < -1 || o.reply_spin_us > 10000) return usage("--reply-spin wants 0..10000");
   auto want = [&](const char* part) {
     return std::find(o.parts.begin(), o.parts.end(), part) != o.parts.end();
   };
   bench::require_gpu(prog);
 
   asio::io_context ioc;
-  auto inproc = make_side(ioc, o.device, false, 0);
-  auto iso = make_side(ioc, o.device, true, o.rings);
+  auto inproc = make_side(ioc, o.device, false, o);
+  auto iso = make_side(ioc, o.device, true, o);
   if (!inproc || !iso) {
     std::fprintf(stderr, "%s: %s\n", prog,
                  (!inproc ? inproc.error() : iso.error()).message().c_str());

@@ -752,6 +752,10 @@ result<void> check_device_options(const device_options& o) {
   if (iso.rings < 1 || iso.rings > 16)
     return detail::bad_argument(op, "options.isolation.rings",
                                 "(" + std::to_string(iso.rings) + ") is not within 1..16");
+  if (iso.reply_spin.count() < 0 || iso.reply_spin > std::chrono::milliseconds(10))
+    return detail::bad_argument(
+        op, "options.isolation.reply_spin",
+        "(" + std::to_string(iso.reply_spin.count()) + " us) is not within 0..10000 us");
   if (iso.heartbeat_timeout <= iso.heartbeat)
     return detail::bad_argument(op, "options.isolation.heartbeat_timeout",
                                 "must be longer than options.isolation.heartbeat");

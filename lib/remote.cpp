@@ -81,6 +81,7 @@ result<void> remote_device::start(const std::weak_ptr<device_impl>& self) {
   o.heartbeat_timeout = iso.heartbeat_timeout;
   o.arena_bytes = iso.arena_bytes;
   o.rings = iso.rings;
+  o.reply_spin = iso.reply_spin;
   o.start_timeout = iso.start_timeout;
   auto observer = [self](const worker_event& ev) {
     if (auto d = self.lock(); d && d->remote) d->remote->on_event(ev);

@@ -113,6 +113,15 @@ TEST_CASE_FIXTURE(iso_fixture, "isolated device: options out of range are refuse
   d = device::open(ioc.get_executor(), 0, o);
   REQUIRE_FALSE(d);
   CHECK(d.error().message().find("hang_margin") != std::string::npos);
+  for (auto spin : {std::chrono::microseconds(-1), std::chrono::microseconds(10001)}) {
+    o = options();
+    o.isolation.reply_spin = spin;
+    d = device::open(ioc.get_executor(), 0, o);
+    REQUIRE_FALSE(d);
+    CHECK(d.error().code() == errc::invalid_argument);
+    CHECK(d.error().message().find("options.isolation.reply_spin (" + std::to_string(spin.count()) +
+                                   " us)") != std::string::npos);
+  }
 }
 
 TEST_CASE_FIXTURE(iso_fixture,

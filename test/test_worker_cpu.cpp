@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include <array>
+#include <atomic>
 #include <cerrno>
 #include <chrono>
 #include <cstdlib>
@@ -390,6 +391,55 @@ TEST_CASE_FIXTURE(worker_fixture,
   CHECK(st.state == worker_state::running);
   w->stop();
   REQUIRE(run_until([&] { return w->statistics().state == worker_state::stopped; }));
+}
+
+TEST_CASE_FIXTURE(worker_fixture,
+                  "worker rings: while calls wait, the io thread polls the reply rings and "
+                  "completes replies itself; with reply_spin 0 only the reader does") {
+  for (const auto spin : {std::chrono::microseconds(200), std::chrono::microseconds(0)}) {
+    CAPTURE(spin.count());
+    auto o = options();
+    o.arena_bytes = test_arena;
+    o.reply_spin = spin;
+    auto w = start(o);
+    REQUIRE(run_until([&] { return running_incarnation(w, 1); }));
+    // A chain of calls, each made by the previous one's completion, on
+    // whichever thread took its reply: the io thread (this one) or the reader.
+    constexpr std::size_t chain = 300;
+    const auto io_thread = std::this_thread::get_id();
+    const auto deadline = std::chrono::steady_clock::now() + 60s;
+    std::atomic<std::size_t> answered{0}, on_io{0}, failed_other{0};
+    std::function<void(std::uint64_t)> next = [&](std::uint64_t i) {
+      w->call(static_cast<std::uint16_t>(wire::op_code::copy), copy_payload(i), deadline, 0,
+              [&, i](result<std::vector<char>> r) {
+                if (r || r.error().code() != errc::device_unavailable) ++failed_other;
+                if (std::this_thread::get_id() == io_thread) ++on_io;
+                if (++answered < chain) next(i + 1);
+              });
+    };
+    asio::post(ioc, [&] { next(0); });
+    REQUIRE(run_until([&] { return answered.load() == chain; }));
+    run_until([] { return false; }, 20ms);  // a second answer would show here
+    CHECK(answered.load() == chain);
+    CHECK(failed_other.load() == 0);  // the --no-cuda worker answers device_unavailable
+    const auto st = w->statistics();
+    CHECK(st.ring_calls == chain);
+    CHECK(st.calls_pending == 0);
+    // Each reply was taken once, by one of the two; the callback ran there.
+    CHECK(st.io_replies + st.reader_replies == chain);
+    CHECK(st.io_replies == on_io.load());
+    if (spin.count() == 0) {
+      CHECK(st.io_polls == 0);
+      CHECK(st.io_replies == 0);
+    } else {
+      CHECK(st.io_polls > 0);  // the first call, made on the io thread, started one
+      // The reader stands back while an io thread polls (typically it
+      // takes most; a loaded machine's scheduling decides how many).
+      CHECK(st.io_replies > 0);
+    }
+    w->stop();
+    REQUIRE(run_until([&] { return w->statistics().state == worker_state::stopped; }));
+  }
 }
 
 TEST_CASE_FIXTURE(worker_fixture,

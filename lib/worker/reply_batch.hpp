@@ -13,23 +13,34 @@
 
 namespace atomr::cuda::detail {
 
-/// Completions to run on an executor, gathered on one thread (the reply
-/// reader) and posted together: one post, and so at most one io thread
-/// woken, per `chunk` completions instead of one per reply. While a batch is
-/// open on a thread, `reply_batch::open()` returns it; elsewhere (timers,
-/// cancellations, the supervisor's strand) it returns null and the caller
-/// posts alone.
+/// Completions to run on an executor, gathered on one thread and posted
+/// together: one post, and so at most one io thread woken, per `chunk`
+/// completions instead of one per reply. Opened by the reply reader for a
+/// sweep of the reply rings, and by an io thread polling them (`run_here`:
+/// there the first chunk runs on that thread when the batch closes, and
+/// only the others are posted). While a batch is open on a thread,
+/// `reply_batch::open()` returns it; elsewhere (timers, cancellations, the
+/// supervisor's strand) it returns null and the caller posts alone.
 class reply_batch {
 public:
   using completion = boost::asio::any_completion_handler<void()>;
-  /// Completions run by one posted handler: small enough that a sweep's
-  /// replies still spread over several io threads.
+  /// Completions run by one handler: small enough that a sweep's replies
+  /// still spread over several io threads.
   static constexpr std::size_t chunk = 8;
 
-  reply_batch() { current() = this; }
+  /// The reply reader's: every chunk is posted.
+  reply_batch() : run_here_(false) { outer_ = std::exchange(current(), this); }
+  /// An io thread's, running handlers of `here`: the first chunk for `here`
+  /// runs on this thread when the batch closes.
+  explicit reply_batch(boost::asio::any_io_executor here)
+      : run_here_(true), here_ex_(std::move(here)) {
+    outer_ = std::exchange(current(), this);
+  }
   ~reply_batch() {
+    current() = outer_;
+    if (run_here_ && here_.empty() && ex_ == here_ex_) std::swap(here_, items_);
     flush();
-    current() = nullptr;
+    for (auto& c : here_) std::move(c)();
   }
   reply_batch(const reply_batch&) = delete;
   reply_batch& operator=(const reply_batch&) = delete;
@@ -37,33 +48,38 @@ public:
   /// The batch open on this thread, or null.
   static reply_batch* open() noexcept { return current(); }
 
-  /// Adds a completion to run on `ex`; a full chunk is posted at once.
+  /// Adds a completion to run on `ex`; a full chunk is posted at once (the
+  /// first one kept for this thread with `run_here`).
   void add(const boost::asio::any_io_executor& ex, completion c) {
     if (!items_.empty() && ex != ex_) flush();
     if (items_.empty()) ex_ = ex;
     items_.emplace_back(std::move(c));
-    if (items_.size() >= chunk) flush();
+    if (items_.size() < chunk) return;
+    if (run_here_ && here_.empty() && ex == here_ex_)
+      std::swap(here_, items_);
+    else
+      flush();
   }
 
+private:
   /// Posts what was gathered (one handler running each in turn).
   void flush() {
     if (items_.empty()) return;
     std::vector<completion> run;
-    run.reserve(chunk);
     std::swap(run, items_);
     boost::asio::post(ex_, [run = std::move(run)]() mutable {
       for (auto& c : run) std::move(c)();
     });
-    items_.reserve(chunk);
   }
 
-private:
   static reply_batch*& current() noexcept {
     thread_local reply_batch* b = nullptr;
     return b;
   }
-  boost::asio::any_io_executor ex_;
-  std::vector<completion> items_;
+  const bool run_here_;
+  boost::asio::any_io_executor here_ex_, ex_;
+  reply_batch* outer_ = nullptr;
+  std::vector<completion> items_, here_;
 };
 
 }  // namespace atomr::cuda::detail

@@ -14,6 +14,7 @@
 #include <atomr/cuda/detail/worker_supervisor.hpp>
 
 #include <boost/asio/bind_executor.hpp>
+#include <boost/asio/defer.hpp>
 #include <boost/asio/local/stream_protocol.hpp>
 #include <boost/asio/post.hpp>
 #include <boost/asio/read.hpp>
@@ -125,6 +126,8 @@ std::size_t ring_index(std::size_t rings) {
 /// sleeps: while calls are pending, and while none are.
 constexpr auto reader_busy_spin = std::chrono::microseconds(200);
 constexpr auto reader_idle_spin = std::chrono::microseconds(20);
+/// The reader's pause between looks while an io thread polls the rings.
+constexpr auto reader_yield = std::chrono::microseconds(20);
 
 }  // namespace
 
@@ -271,6 +274,10 @@ struct worker_supervisor::impl : std::enable_shared_from_this<impl> {
   std::atomic<bool> reader_stop{false};
   std::atomic<std::uint64_t> next_ring_id{1};
   std::atomic<std::uint64_t> ring_calls{0}, socket_calls{0};
+  std::atomic<std::uint64_t> reader_replies{0}, io_replies{0}, io_polls{0};
+  /// Set while an io thread's turn of polling the reply rings is queued or
+  /// running (io_poll).
+  std::atomic<bool> io_polling{false};
 
   std::shared_ptr<ring_link> current_link() {
     std::lock_guard lk(link_mu);
@@ -296,7 +303,6 @@ struct worker_supervisor::impl : std::enable_shared_from_this<impl> {
   void read_replies() {
     std::shared_ptr<ring_link> l;
     std::uint64_t gen = ~std::uint64_t{0};
-    wire::ring_message m;
     auto last = clock::now();
     while (!reader_stop.load(std::memory_order_relaxed)) {
       if (link_gen.load(std::memory_order_acquire) != gen) {
@@ -309,20 +315,24 @@ struct worker_supervisor::impl : std::enable_shared_from_this<impl> {
         }
         last = clock::now();
       }
-      bool any = false;
+      std::uint64_t n = 0;
       {
         // One sweep's completions posted a chunk at a time (one io thread
         // woken per chunk, not per reply).
         reply_batch batch;
-        for (std::size_t i = 0; i < l->v.rings; ++i)
-          while (l->v.replies[i].pop(m)) {
-            any = true;
-            l->complete(m.id, m.op, std::move(m.payload));
-          }
+        n = sweep(*l);
       }
       const auto now = clock::now();
-      if (any) {
+      if (n) {
+        reader_replies.fetch_add(n, std::memory_order_relaxed);
         last = now;
+        continue;
+      }
+      if (io_polling.load(std::memory_order_relaxed)) {
+        // An io thread polls the rings and resumes the waiters itself
+        // (io_poll): look again shortly instead of racing it for each reply.
+        std::this_thread::sleep_for(reader_yield);
+        last = clock::now();
         continue;
       }
       const auto idle = now - last;
@@ -347,6 +357,61 @@ struct worker_supervisor::impl : std::enable_shared_from_this<impl> {
     }
   }
 
+  /// Takes every reply in the reply rings and completes its call (into the
+  /// reply_batch open on this thread, which posts or runs them when it
+  /// closes). Returns the replies taken.
+  static std::uint64_t sweep(ring_link& l) {
+    std::uint64_t n = 0;
+    wire::ring_message m;
+    for (std::size_t i = 0; i < l.v.rings; ++i)
+      while (l.v.replies[i].pop(m)) {
+        ++n;
+        l.complete(m.id, m.op, std::move(m.payload));
+      }
+    return n;
+  }
+
+  /// Starts an io thread's polling of the reply rings unless one is queued
+  /// or running (worker_options::reply_spin; docs/design.md, "The request
+  /// rings").
+  void start_io_poll() {
+    if (opt.reply_spin.count() <= 0 || io_polling.load(std::memory_order_relaxed) ||
+        io_polling.exchange(true, std::memory_order_acq_rel))
+      return;
+    io_polls.fetch_add(1, std::memory_order_relaxed);
+    asio::post(strand.get_inner_executor(),
+               [self = shared_from_this()] { self->io_poll(clock::now()); });
+  }
+
+  /// One turn of an io thread's polling: the replies in the rings are
+  /// completed with the first few resumed on this thread (no sleeping io
+  /// thread woken for them), then the turn defers itself (to the back of
+  /// the queue, without waking a thread) while calls wait and a reply came
+  /// within reply_spin. The reply reader takes whatever comes later. A call
+  /// made while the last turn decides to stop does not start another: the
+  /// reader completes it.
+  void io_poll(clock::time_point last) {
+    auto ex = strand.get_inner_executor();
+    auto l = current_link();
+    if (l) {
+      std::uint64_t n = 0;
+      {
+        reply_batch batch(ex);  // its first chunk runs here when it closes
+        n = sweep(*l);
+      }
+      if (n) {
+        io_replies.fetch_add(n, std::memory_order_relaxed);
+        last = clock::now();
+      }
+      if (!reader_stop.load(std::memory_order_relaxed) &&
+          l->pending.load(std::memory_order_relaxed) > 0 && clock::now() - last < opt.reply_spin) {
+        asio::defer(ex, [self = shared_from_this(), last] { self->io_poll(last); });
+        return;
+      }
+    }
+    io_polling.store(false, std::memory_order_release);
+  }
+
   /// The shared-memory path of call(); false: take the socket.
   bool fast_call(std::uint16_t op, const std::string& payload, clock::time_point deadline,
                  std::uint64_t incarnation, reply_fn& done) {
@@ -364,6 +429,7 @@ struct worker_supervisor::impl : std::enable_shared_from_this<impl> {
     if (r.push(id, op, 0, payload)) {
       wire::ring::wake(*r.head());
       ring_calls.fetch_add(1, std::memory_order_relaxed);
+      start_io_poll();
       return true;
     }
     auto back = l->take(id);  // the ring is full: the socket takes it
@@ -1011,6 +1077,9 @@ worker_statistics worker_supervisor::statistics() const {
   s.calls_per_ring = std::move(per_ring);
   s.calls_pending += ring_calls;
   s.ring_calls = p_->ring_calls.load();
+  s.reader_replies = p_->reader_replies.load();
+  s.io_replies = p_->io_replies.load();
+  s.io_polls = p_->io_polls.load();
   s.socket_calls = p_->socket_calls.load();
   return s;
 }

@@ -63,6 +63,12 @@ struct isolation_options {
   /// Request rings in shared memory (docs/design.md, "The request rings"): a
   /// service thread puts its requests in one, a worker thread serves each. 1 to 16.
   std::size_t rings = 4;
+  /// While calls are waiting for their replies, an io thread of the device's
+  /// executor polls the reply rings too (a handler that defers itself),
+  /// for up to `reply_spin` after the last reply it took: a reply then
+  /// resumes its waiter on that thread without waking a sleeping one. 0:
+  /// only the reply reader thread takes replies. 0 to 10 ms.
+  std::chrono::microseconds reply_spin{200};
   /// Shared memory for bulk data (uploads, downloads), registered as pinned
   /// memory in the worker. Larger transfers go through it in pieces.
   /// 1 MiB to 16 GiB.

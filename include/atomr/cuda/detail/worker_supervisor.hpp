@@ -45,6 +45,9 @@ struct worker_options {
   /// Request rings in the shared memory (with an arena only; 1 to 16): a
   /// service thread uses one, a worker thread serves each.
   std::size_t rings = 4;
+  /// How long an io thread polls the reply rings after the last reply it
+  /// took while calls are waiting (isolation_options::reply_spin); 0: never.
+  std::chrono::microseconds reply_spin{200};
 };
 
 /// The current worker's shared arena as mapped in this process. `keep` holds
@@ -96,6 +99,10 @@ struct worker_statistics {
   /// from start() to the destructor), and the times it went to sleep.
   std::size_t reader_threads = 0;
   std::uint64_t reader_sleeps = 0;
+  /// Ring replies taken by the reply reader thread, and by io threads
+  /// polling the reply rings (worker_options::reply_spin); the times such
+  /// polling started (it stops reply_spin after the last reply it took).
+  std::uint64_t reader_replies = 0, io_replies = 0, io_polls = 0;
   /// Calls sent through the shared-memory rings, and through the socket
   /// (too large for a slot, a full ring, no worker accepting).
   std::uint64_t ring_calls = 0, socket_calls = 0;
