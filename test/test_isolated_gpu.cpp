@@ -722,6 +722,7 @@ TEST_CASE_FIXTURE(iso,
     const auto gen = dev.generation();
     const int pid = dev.statistics().worker_pid;
     std::map<errc, int> errors;
+    first_messages().clear();  // this scenario's own first message per code
     std::mutex mu;
     std::atomic<int> left{101}, good{0}, wrong{0};
     std::optional<result<void>> fault_result;
