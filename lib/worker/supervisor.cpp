@@ -321,6 +321,7 @@ struct worker_supervisor::impl : std::enable_shared_from_this<impl> {
         // woken per chunk, not per reply).
         reply_batch batch;
         n = sweep(*l);
+        batch.finish();
       }
       const auto now = clock::now();
       if (n) {
@@ -396,8 +397,9 @@ struct worker_supervisor::impl : std::enable_shared_from_this<impl> {
     if (l) {
       std::uint64_t n = 0;
       {
-        reply_batch batch(ex);  // its first chunk runs here when it closes
+        reply_batch batch(ex);
         n = sweep(*l);
+        batch.finish();  // the first chunk runs here
       }
       if (n) {
         io_replies.fetch_add(n, std::memory_order_relaxed);
