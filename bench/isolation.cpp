@@ -38,6 +38,7 @@ struct options {
   int device = 0;
   std::size_t rings = 0;    // 0: isolation_options' default
   long reply_spin_us = -1;  // -1: isolation_options' default
+  std::string worker_arg;   // one more argument for the worker
   std::string json;
   std::vector<std::string> parts{"latency", "throughput", "pipeline", "bandwidth", "recovery"};
 };
@@ -58,6 +59,7 @@ result<side> make_side(asio::io_context& ioc, int ordinal, bool isolated, const 
     if (bo.rings != 0) o.isolation.rings = bo.rings;
     if (bo.reply_spin_us >= 0) o.isolation.reply_spin = std::chrono::microseconds(bo.reply_spin_us);
     o.isolation.worker_args = {"--test-faults"};  // the recovery part injects faults
+    if (!bo.worker_arg.empty()) o.isolation.worker_args.push_back(bo.worker_arg);
     o.isolation.budget.max_restarts = 20;
   }
   side s;
@@ -294,11 +296,12 @@ int usage(const char* why) {
   if (why) std::fprintf(stderr, "%s: %s\n", prog, why);
   std::fprintf(why ? stderr : stdout,
                "usage: %s [--reps N] [--seconds S] [--parts LIST] [--device D] [--rings N]\n"
-               "       [--reply-spin US] [--json FILE]\n"
+               "       [--reply-spin US] [--worker-arg ARG] [--json FILE]\n"
                "The isolated device against the in-process one in the same run. Parts:\n"
                "latency, throughput, pipeline, bandwidth, recovery (default: all). --rings: the\n"
                "isolated device's request rings, --reply-spin: its reply_spin in us (default:\n"
-               "isolation_options').\n",
+               "isolation_options'); --worker-arg: one more argument for the worker (e.g.\n"
+               "--no-ring-io-poll).\n",
                prog);
   return why ? 64 : 0;
 }
@@ -312,13 +315,14 @@ int main(int argc, char** argv) {
   options o;
   for (const auto& [k, v] : a.kv)
     if (k != "reps" && k != "seconds" && k != "device" && k != "json" && k != "parts" &&
-        k != "rings" && k != "reply-spin")
+        k != "rings" && k != "reply-spin" && k != "worker-arg")
       return usage(("unknown option --" + k).c_str());
   o.reps = static_cast<int>(a.num("reps", o.reps));
   o.device = static_cast<int>(a.num("device", o.device));
   o.json = a.get("json");
   o.rings = static_cast<std::size_t>(a.num("rings", 0));
   o.reply_spin_us = a.num("reply-spin", -1);
+  o.worker_arg = a.get("worker-arg");
   if (a.has("seconds")) o.seconds = std::strtod(a.get("seconds").c_str(), nullptr);
   if (a.has("parts")) {
     o.parts.clear();
