@@ -301,7 +301,7 @@ int usage(const char* why) {
                "latency, throughput, pipeline, bandwidth, recovery (default: all). --rings: the\n"
                "isolated device's request rings, --reply-spin: its reply_spin in us (default:\n"
                "isolation_options'); --worker-arg: one more argument for the worker (e.g.\n"
-               "--no-ring-io-poll).\n",
+               "--ring-io-poll).\n",
                prog);
   return why ? 64 : 0;
 }

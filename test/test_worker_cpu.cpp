@@ -398,10 +398,10 @@ TEST_CASE_FIXTURE(worker_fixture,
                   "completes replies itself; with reply_spin 0 only the reader does") {
   for (const auto spin : {std::chrono::microseconds(200), std::chrono::microseconds(0)}) {
     CAPTURE(spin.count());
-    // The second round also takes the worker's other ring loop (its ring
-    // threads then leave the io_context's handlers to its io threads).
-    auto o = spin.count() == 0 ? options({"--no-cuda", "--test-faults", "--no-ring-io-poll"})
-                               : options();
+    // The first round also takes the worker's other ring loop (its ring
+    // threads then run the io_context's handlers too).
+    auto o =
+        spin.count() != 0 ? options({"--no-cuda", "--test-faults", "--ring-io-poll"}) : options();
     o.arena_bytes = test_arena;
     o.reply_spin = spin;
     auto w = start(o);

@@ -9,16 +9,17 @@
 // meant to be started by hand.
 //
 // Usage: atomr-cuda-worker --socket NAME [--ordinal N] [--arena NAME --arena-bytes N
-//                          --rings N] [--threads N] [--no-ring-io-poll] [--no-cuda]
+//                          --rings N] [--threads N] [--ring-io-poll] [--no-cuda]
 //                          [--test-faults]
 //   --arena        a POSIX shared memory object the service made: the request
 //                  rings (--rings of them), then the arena of --arena-bytes
 //                  (the bulk data path, registered with cudaHostRegister)
 //   --threads      threads running the worker's io_context (default 4)
-//   --no-ring-io-poll  a ring thread with requests in flight does not run
-//                  the worker io_context's handlers between its own (the
+//   --ring-io-poll a ring thread with requests in flight also runs the
+//                  worker io_context's handlers between its own (the
 //                  device's completion polling runs there: docs/design.md,
-//                  "The request rings"); for comparing the two in benchmarks
+//                  "The request rings"). Off by default until measured on a
+//                  GPU (atomr-bench-isolation --worker-arg=--ring-io-poll)
 //   --no-cuda      do not touch CUDA (the hello reports device_unavailable):
 //                  for the supervision tests on machines without a GPU
 //   --test-faults  accept fault injection (tests only): abort, SIGKILL, hang,
@@ -83,7 +84,7 @@ struct args {
   std::size_t rings = 0;
   int ordinal = 0;
   int threads = 4;
-  bool ring_io_poll = true;
+  bool ring_io_poll = false;
   bool no_cuda = false;
   bool test_faults = false;
 };
@@ -92,7 +93,7 @@ int usage(const char* why) {
   std::fprintf(stderr,
                "atomr-cuda-worker: %s\n"
                "usage: atomr-cuda-worker --socket NAME [--ordinal N] [--arena NAME --arena-bytes "
-               "N --rings N] [--threads N] [--no-ring-io-poll] [--no-cuda] [--test-faults]\n"
+               "N --rings N] [--threads N] [--ring-io-poll] [--no-cuda] [--test-faults]\n"
                "(started by an isolated atomr::cuda::device; not meant to be run by hand)\n",
                why);
   return 64;
@@ -757,10 +758,10 @@ private:
   /// some within `idle_spin`; with requests in flight and nothing new for
   /// `busy_spin`, it naps in short waits for their completions; idle, it
   /// sleeps on the ring's semaphore, which a service thread posts. With
-  /// requests in flight it also runs a handler of the worker's io_context
-  /// per turn (unless --no-ring-io-poll): the device's completion polling
-  /// runs there, and a handler posted by this thread's launch would
-  /// otherwise wait for a sleeping io thread to wake up.
+  /// --ring-io-poll and requests in flight it also runs a handler of the
+  /// worker's io_context per turn: the device's completion polling runs
+  /// there, and a handler posted by this thread's launch may otherwise wait
+  /// for a sleeping io thread to wake up.
   void ring_loop(std::size_t r) {
     using clock = std::chrono::steady_clock;
     constexpr auto idle_spin = std::chrono::microseconds(200);
@@ -843,8 +844,8 @@ int main(int argc, char** argv) {
       a.ordinal = std::atoi(argv[++i]);
     else if (s == "--threads" && i + 1 < argc)
       a.threads = std::max(1, std::atoi(argv[++i]));
-    else if (s == "--no-ring-io-poll")
-      a.ring_io_poll = false;
+    else if (s == "--ring-io-poll")
+      a.ring_io_poll = true;
     else if (s == "--no-cuda")
       a.no_cuda = true;
     else if (s == "--test-faults")
