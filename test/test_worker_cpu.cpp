@@ -26,6 +26,7 @@
 #include <functional>
 #include <map>
 #include <mutex>
+#include <stdexcept>
 #include <string>
 #include <thread>
 #include <vector>
@@ -443,6 +444,50 @@ TEST_CASE_FIXTURE(worker_fixture,
     w->stop();
     REQUIRE(run_until([&] { return w->statistics().state == worker_state::stopped; }));
   }
+}
+
+TEST_CASE_FIXTURE(worker_fixture,
+                  "worker rings: a completion that throws on the polling io thread leaves "
+                  "through the io_context, and the next call starts the polling again") {
+  auto w = start_with_rings(2);
+  const auto io_thread = std::this_thread::get_id();
+  const auto deadline = std::chrono::steady_clock::now() + 60s;
+  std::atomic<bool> thrown{false};
+  std::atomic<std::size_t> answered{0};
+  // A chain of calls until one's completion runs on this (the io) thread,
+  // where it throws once.
+  std::function<void(std::uint64_t)> next = [&](std::uint64_t i) {
+    w->call(static_cast<std::uint16_t>(wire::op_code::copy), copy_payload(i), deadline, 0,
+            [&, i](result<std::vector<char>>) {
+              ++answered;
+              if (std::this_thread::get_id() == io_thread && !thrown.exchange(true))
+                throw std::runtime_error("a completion threw");
+              if (!thrown.load() && i < 10000) next(i + 1);
+            });
+  };
+  asio::post(ioc, [&] { next(0); });
+  bool caught = false;
+  const auto until = std::chrono::steady_clock::now() + 30s;
+  while (!caught && std::chrono::steady_clock::now() < until) {
+    try {
+      ioc.run_for(10ms);
+    } catch (const std::runtime_error& e) {
+      caught = std::string(e.what()) == "a completion threw";
+    }
+    if (ioc.stopped()) ioc.restart();
+  }
+  REQUIRE(caught);
+  // The polling ended with the exception; a new call starts another.
+  const auto polls = w->statistics().io_polls;
+  std::atomic<std::size_t> more{0};
+  asio::post(ioc, [&] {
+    w->call(static_cast<std::uint16_t>(wire::op_code::copy), copy_payload(1), deadline, 0,
+            [&](result<std::vector<char>>) { ++more; });
+  });
+  REQUIRE(run_until([&] { return more.load() == 1; }));
+  CHECK(w->statistics().io_polls == polls + 1);
+  w->stop();
+  REQUIRE(run_until([&] { return w->statistics().state == worker_state::stopped; }));
 }
 
 TEST_CASE_FIXTURE(worker_fixture,

@@ -390,16 +390,20 @@ struct worker_supervisor::impl : std::enable_shared_from_this<impl> {
   /// the queue, without waking a thread) while calls wait and a reply came
   /// within reply_spin. The reply reader takes whatever comes later. A call
   /// made while the last turn decides to stop does not start another: the
-  /// reader completes it.
+  /// reader completes it. A completion that throws ends the polling (the
+  /// next call starts it again) and leaves like a handler's exception.
   void io_poll(clock::time_point last) {
     auto ex = strand.get_inner_executor();
     auto l = current_link();
     if (l) {
       std::uint64_t n = 0;
-      {
+      try {
         reply_batch batch(ex);
         n = sweep(*l);
         batch.finish();  // the first chunk runs here
+      } catch (...) {
+        io_polling.store(false, std::memory_order_release);
+        throw;
       }
       if (n) {
         io_replies.fetch_add(n, std::memory_order_relaxed);
