@@ -855,6 +855,7 @@ device_statistics device::statistics() const {
   s.unit_events = d.unit_events.load();
   s.batches = d.batches.load();
   s.launch_sleeps = d.polls ? d.polls->launch_sleeps() : 0;
+  s.library_threads = d.polls ? d.polls->launch_threads_running() : 0;
   s.pinned_cached_bytes = d.pinned ? d.pinned->cached_bytes() : 0;
   s.host_fns_pending = d.host_fns_pending();
   if (d.options.isolation.enabled) {
@@ -865,6 +866,7 @@ device_statistics device::statistics() const {
       s.restarts_left = w.restarts_left;
       s.worker_pid = w.pid;
       s.worker_calls_pending = w.calls_pending;
+      s.library_threads += w.reader_threads;
       s.free_bytes = w.free_bytes;
       s.total_bytes = w.total_bytes;
     }

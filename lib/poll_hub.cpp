@@ -74,6 +74,13 @@ std::uint64_t poll_hub::launch_sleeps() const {
   return n;
 }
 
+std::size_t poll_hub::launch_threads_running() const {
+  std::lock_guard lk(mu_);
+  if (launchers_stopped_.load()) return 0;
+  return static_cast<std::size_t>(std::count_if(launchers_.begin(), launchers_.end(),
+                                                [](const auto& w) { return w != nullptr; }));
+}
+
 void poll_hub::launcher_loop(const std::shared_ptr<launcher>& me,
                              const std::weak_ptr<poll_hub>& hub) {
   for (;;) {

@@ -91,6 +91,8 @@ public:
 
   /// Times a launch thread out of work slept (device_statistics::launch_sleeps).
   std::uint64_t launch_sleeps() const;
+  /// Launch threads started and not stopped (device_statistics::library_threads).
+  std::size_t launch_threads_running() const;
 
   /// A thread that runs the batches of the lanes assigned to it (poll_hub.cpp).
   struct launcher;

@@ -331,6 +331,10 @@ void batched_behind_busy_stream::check() {
   CHECK(after.batches - before.batches <= static_cast<std::uint64_t>(k));
   CHECK(after.parked == 0);
   CHECK(after.ops_in_flight == 0);
+  // The stream's launch thread was started for its batch (and is counted);
+  // without launch threads none is.
+  CHECK((after.library_threads >= 1) == on_launch_threads);
+  CHECK(after.library_threads <= dev.options().launch_threads);
   // With no more work, a launch thread looks for launch_spin, then sleeps
   // (counted); without launch threads nothing sleeps.
   auto sleeps = after.launch_sleeps;

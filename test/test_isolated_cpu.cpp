@@ -85,6 +85,7 @@ TEST_CASE_FIXTURE(iso_fixture,
     CHECK(s.isolated);
     CHECK(s.worker_pid > 0);
     CHECK(s.worker_restarts == 0);
+    CHECK(s.library_threads == 1);  // the reply reader; nothing runs in process
     pid = s.worker_pid;
     auto a = dev.allocate<float>(16);
     REQUIRE_FALSE(a);

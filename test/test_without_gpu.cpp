@@ -103,6 +103,7 @@ TEST_CASE_FIXTURE(io_fixture, "an unavailable device reports its state and refus
   CHECK(s.health == health_state::unavailable);
   CHECK(s.ops_in_flight == 0);
   CHECK(s.total_bytes == 0);
+  CHECK(s.library_threads == 0);  // no launch thread for a device without a GPU
 
   // The same device handle is returned for the same ordinal while one lives.
   device again(ioc.get_executor(), unusable_ordinal());

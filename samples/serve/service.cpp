@@ -894,6 +894,9 @@ struct service::impl : std::enable_shared_from_this<impl> {
     gauge("atomr_device_worker_calls_pending",
           "Isolated: requests sent to the worker and not answered.",
           static_cast<double>(s.worker_calls_pending));
+    gauge("atomr_device_library_threads",
+          "Threads of the device's own: launch threads, or the isolated reply reader.",
+          static_cast<double>(s.library_threads));
     std::optional<cuda::blas_actor> b;
     {
       std::lock_guard lk(gpu_mu);

@@ -158,6 +158,12 @@ struct device_statistics {
   std::uint64_t unit_events = 0;
   /// Times a launch thread found no work within launch_spin and slept.
   std::uint64_t launch_sleeps = 0;
+  /// Threads of this device's own running now: in process, the launch
+  /// threads started so far (each with the first stream assigned to it, at
+  /// most launch_threads; stopped with the device's context); isolated, the
+  /// reply reader (one, from open to the device's end). docs/design.md
+  /// describes each.
+  std::size_t library_threads = 0;
   std::size_t pinned_cached_bytes = 0;  ///< pinned host memory held for reuse
   /// host_fn waits' host functions queued on the GPU and not yet run (each
   /// holds outstanding work of the device's executor until it has run).
