@@ -78,6 +78,11 @@ struct worker_fixture : io_fixture {
     const auto st = w->statistics();
     return st.state == worker_state::running && st.incarnation == inc;
   }
+  /// Stops the worker and waits until the supervisor says so.
+  void stop_and_wait(const std::shared_ptr<worker_supervisor>& w) {
+    w->stop();
+    REQUIRE(run_until([&] { return w->statistics().state == worker_state::stopped; }));
+  }
   static constexpr std::size_t test_arena = std::size_t{4} << 20;
   /// A worker with an arena of `test_arena` bytes and `rings` request rings
   /// (0: the default), once its first incarnation runs.
@@ -122,8 +127,7 @@ TEST_CASE_FIXTURE(worker_fixture,
   CHECK(st.device_message.find("--no-cuda") != std::string::npos);
   REQUIRE(run_until([&] { return w->statistics().pongs >= 5; }));
   CHECK(w->statistics().restarts == 0);
-  w->stop();
-  REQUIRE(run_until([&] { return w->statistics().state == worker_state::stopped; }));
+  stop_and_wait(w);
   CHECK(pid_gone(pid));
   CHECK(count(worker_state::failed) == 0);  // a requested stop is no failure
 }
@@ -161,8 +165,7 @@ TEST_CASE_FIXTURE(worker_fixture,
   REQUIRE(failed->error);
   CHECK(failed->error->message().find("exited with status 0") != std::string::npos);
   CHECK(w->statistics().restarts == 3);
-  w->stop();
-  REQUIRE(run_until([&] { return w->statistics().state == worker_state::stopped; }));
+  stop_and_wait(w);
 }
 
 TEST_CASE_FIXTURE(worker_fixture,
@@ -182,8 +185,7 @@ TEST_CASE_FIXTURE(worker_fixture,
   CHECK(failed->error->code() == errc::timeout);
   CHECK(failed->error->message().find("hung") != std::string::npos);
   CHECK(pid_gone(pid));
-  w->stop();
-  REQUIRE(run_until([&] { return w->statistics().state == worker_state::stopped; }));
+  stop_and_wait(w);
 }
 
 TEST_CASE_FIXTURE(worker_fixture, "worker: the restart budget spent leads to stopped") {
@@ -264,8 +266,7 @@ TEST_CASE_FIXTURE(worker_fixture,
   CHECK(w->arena().incarnation == 2);
   CHECK(w->arena().data != nullptr);
   a.data[0] = std::byte{1};
-  w->stop();
-  REQUIRE(run_until([&] { return w->statistics().state == worker_state::stopped; }));
+  stop_and_wait(w);
   CHECK(shm_entries() == 0);
 }
 
@@ -390,8 +391,7 @@ TEST_CASE_FIXTURE(worker_fixture,
   CHECK(st.socket_calls == 1);
   CHECK(st.calls_pending == 0);
   CHECK(st.state == worker_state::running);
-  w->stop();
-  REQUIRE(run_until([&] { return w->statistics().state == worker_state::stopped; }));
+  stop_and_wait(w);
 }
 
 TEST_CASE_FIXTURE(worker_fixture,
@@ -441,8 +441,7 @@ TEST_CASE_FIXTURE(worker_fixture,
       // takes most; a loaded machine's scheduling decides how many).
       CHECK(st.io_replies > 0);
     }
-    w->stop();
-    REQUIRE(run_until([&] { return w->statistics().state == worker_state::stopped; }));
+    stop_and_wait(w);
   }
 }
 
@@ -486,8 +485,7 @@ TEST_CASE_FIXTURE(worker_fixture,
   });
   REQUIRE(run_until([&] { return more.load() == 1; }));
   CHECK(w->statistics().io_polls == polls + 1);
-  w->stop();
-  REQUIRE(run_until([&] { return w->statistics().state == worker_state::stopped; }));
+  stop_and_wait(w);
 }
 
 TEST_CASE_FIXTURE(worker_fixture,
@@ -522,8 +520,7 @@ TEST_CASE_FIXTURE(worker_fixture,
   REQUIRE(run_until([&] { return again.count() == 100; }));
   CHECK(again.by_code[errc::device_unavailable] == 100);
   CHECK(w->statistics().ring_calls == 400);
-  w->stop();
-  REQUIRE(run_until([&] { return w->statistics().state == worker_state::stopped; }));
+  stop_and_wait(w);
 }
 
 TEST_CASE_FIXTURE(worker_fixture,
@@ -562,8 +559,7 @@ TEST_CASE_FIXTURE(worker_fixture,
   CHECK(got.by_code[errc::device_unavailable] == 400);  // the worker has no device
   CHECK(w->statistics().calls_pending == 0);
   CHECK(w->statistics().state == worker_state::running);
-  w->stop();
-  REQUIRE(run_until([&] { return w->statistics().state == worker_state::stopped; }));
+  stop_and_wait(w);
 }
 
 TEST_CASE(
@@ -757,8 +753,7 @@ TEST_CASE_FIXTURE(worker_fixture,
   const auto st = w->statistics();
   CHECK(st.ring_calls == 2);
   CHECK(st.socket_calls == 3);  // the units are over a slot's 232 bytes
-  w->stop();
-  REQUIRE(run_until([&] { return w->statistics().state == worker_state::stopped; }));
+  stop_and_wait(w);
 }
 
 TEST_CASE_FIXTURE(worker_fixture,
@@ -813,8 +808,7 @@ TEST_CASE_FIXTURE(worker_fixture,
   CHECK(outside.last_message.find("outside the arena") != std::string::npos);
   CHECK(nested.by_code[errc::invalid_argument] == 1);
   CHECK(w->statistics().ring_calls == 4);  // all four on the rings
-  w->stop();
-  REQUIRE(run_until([&] { return w->statistics().state == worker_state::stopped; }));
+  stop_and_wait(w);
 }
 
 TEST_CASE_FIXTURE(worker_fixture, "worker: a missing executable fails at once") {
