@@ -258,10 +258,12 @@ struct call_wait : std::enable_shared_from_this<call_wait> {
       asio::post(*timer_strand, [self = shared_from_this()] {
         if (self->timer) self->timer->cancel();
       });
-    // Never inline (`finish` runs on the reply reader, the supervisor's
-    // strand, a timer or a cancellation): a post to the device's executor,
-    // then the waiter's own (inline when it is the same io_context). On the
-    // reply reader the post joins its sweep's batch (reply_batch.hpp).
+    // Never inline (`finish` runs on the reply reader, an io thread polling
+    // the reply rings, the supervisor's strand, a timer or a cancellation):
+    // a post to the device's executor, then the waiter's own (inline when it
+    // is the same io_context). A reply taken in a sweep of the reply rings
+    // joins the sweep's batch instead (reply_batch.hpp), which posts it, or
+    // runs it on the polling io thread once the sweep is over.
     auto ex = asio::get_associated_executor(*h, executor);
     auto resume = [h = std::move(*h), r = std::move(r), ex]() mutable {
       asio::dispatch(ex, asio::append(std::move(h), std::move(r)));
