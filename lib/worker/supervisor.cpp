@@ -316,7 +316,7 @@ struct worker_supervisor::impl : std::enable_shared_from_this<impl> {
         last = clock::now();
       }
       std::uint64_t n = 0;
-      {
+      if (replies_ready(*l)) {
         // One sweep's completions posted a chunk at a time (one io thread
         // woken per chunk, not per reply).
         reply_batch batch;
@@ -348,14 +348,17 @@ struct worker_supervisor::impl : std::enable_shared_from_this<impl> {
       }
       wire::ring::sleep_on(
           l->v.header->reader,
-          [&] {
-            for (std::size_t i = 0; i < l->v.rings; ++i)
-              if (l->v.replies[i].ready()) return true;
-            return reader_stop.load() || link_gen.load() != gen;
-          },
+          [&] { return replies_ready(*l) || reader_stop.load() || link_gen.load() != gen; },
           std::chrono::milliseconds(50));
       last = clock::now();
     }
+  }
+
+  /// A reply waits in one of the reply rings.
+  static bool replies_ready(const ring_link& l) {
+    for (std::size_t i = 0; i < l.v.rings; ++i)
+      if (l.v.replies[i].ready()) return true;
+    return false;
   }
 
   /// Takes every reply in the reply rings and completes its call (into the
@@ -397,20 +400,23 @@ struct worker_supervisor::impl : std::enable_shared_from_this<impl> {
     auto l = current_link();
     if (l) {
       std::uint64_t n = 0;
-      try {
-        reply_batch batch(ex);
-        n = sweep(*l);
-        batch.finish();  // the first chunk runs here
-      } catch (...) {
-        io_polling.store(false, std::memory_order_release);
-        throw;
+      if (replies_ready(*l)) {
+        try {
+          reply_batch batch(ex);
+          n = sweep(*l);
+          batch.finish();  // the first chunk runs here
+        } catch (...) {
+          io_polling.store(false, std::memory_order_release);
+          throw;
+        }
       }
+      const auto now = clock::now();
       if (n) {
         io_replies.fetch_add(n, std::memory_order_relaxed);
-        last = clock::now();
+        last = now;
       }
       if (!reader_stop.load(std::memory_order_relaxed) &&
-          l->pending.load(std::memory_order_relaxed) > 0 && clock::now() - last < opt.reply_spin) {
+          l->pending.load(std::memory_order_relaxed) > 0 && now - last < opt.reply_spin) {
         asio::defer(ex, [self = shared_from_this(), last] { self->io_poll(last); });
         return;
       }
