@@ -17,7 +17,10 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
 [ -d "$build" ] || meson setup "$build" --buildtype=release >"$out/setup.log" 2>&1 ||
   { tail -20 "$out/setup.log"; exit 1; }
 grep -h "NCCL (collective_actor)" "$out/setup.log" 2>/dev/null  # found in the toolkit, system or wheel?
-ninja -C "$build" >"$out/build.log" 2>&1; echo "build rc=$? warnings=$(grep -c 'warning:' "$out/build.log")"
+# NINJA_TARGETS: build only these (e.g. test/atomr_gpu_tests: a quicker call
+# on a cold machine when one test is to be run); default everything.
+# shellcheck disable=SC2086  # a list of targets
+ninja -C "$build" ${NINJA_TARGETS:-} >"$out/build.log" 2>&1; echo "build rc=$? warnings=$(grep -c 'warning:' "$out/build.log")"
 if [ "${TESTS:-1}" = 1 ]; then
   # -t scales the per-test timeouts in test/meson.build (gpu: 600 s).
   meson test -C "$build" -t "${TIMEOUT_MULTIPLIER:-0.25}" --print-errorlogs >"$out/test.log" 2>&1
