@@ -11,6 +11,9 @@
 // would rewrite the file empty when timeout exits; every process that loads
 // it writes $SAMPLER_OUT at exit). The kernel's profiling timer ticks are
 // coarser than 50 us on most systems: expect a few hundred samples a second.
+// "%p" in $SAMPLER_OUT becomes the process id; SAMPLER_DUMP_AFTER_S and
+// SAMPLER_WRITE_EVERY_S write the file earlier or periodically (for processes
+// that are killed, e.g. an isolated device's worker; scripts/profile-*.sh).
 // Diagnostic only: backtrace() is not formally async-signal-safe (it is
 // primed once at start so that it does not load libgcc in the handler).
 #include <dlfcn.h>
@@ -28,6 +31,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <map>
+#include <mutex>
 #include <string>
 #include <thread>
 
@@ -40,6 +44,7 @@ struct sample {
   int depth;
   long tid;
   void* pc[k_depth];
+  std::atomic<bool> done;  // filled in (a periodic write skips it until then)
 };
 
 sample* g_samples = nullptr;
@@ -53,17 +58,27 @@ void on_prof(int, siginfo_t*, void*) {
   if (i < k_max_samples) {
     g_samples[i].tid = syscall(SYS_gettid);
     g_samples[i].depth = backtrace(g_samples[i].pc, k_depth);
+    g_samples[i].done.store(true, std::memory_order_release);
   }
   errno = saved;
 }
 
 std::atomic<bool> g_dumped{false};
 
+/// Writes every finished sample so far to $SAMPLER_OUT (replacing the file).
+void write_samples();
+
 void dump() {
   if (g_dumped.exchange(true)) return;
   g_on.store(false);
   itimerval off{};
   setitimer(ITIMER_PROF, &off, nullptr);
+  write_samples();
+}
+
+void write_samples() {
+  static std::mutex writing;  // the periodic writer and the final dump
+  std::lock_guard lk(writing);
   // "%p" in the name becomes the process id: a child process (the isolated
   // device's worker inherits LD_PRELOAD) then keeps a file of its own.
   const char* env = std::getenv("SAMPLER_OUT");
@@ -74,8 +89,11 @@ void dump() {
   if (!f) return;
   const auto n = std::min(g_next.load(), k_max_samples);
   std::map<void*, std::string> names;  // pc -> "module+0xoff symbol"
+  std::size_t written = 0;
   for (std::size_t i = 0; i < n; ++i) {
     const auto& s = g_samples[i];
+    if (!s.done.load(std::memory_order_acquire)) continue;
+    ++written;
     std::fprintf(f, "T%ld\t", s.tid);
     // Frame 0 and 1 are this handler and the signal trampoline.
     for (int d = 2; d < s.depth; ++d) {
@@ -99,7 +117,7 @@ void dump() {
     std::fputc('\n', f);
   }
   std::fclose(f);
-  std::fprintf(stderr, "sampler: %zu samples written\n", n);
+  if (g_dumped.load()) std::fprintf(stderr, "sampler: %zu samples written\n", written);
 }
 
 struct init {
@@ -120,6 +138,16 @@ struct init {
       std::thread([s = std::atof(after)] {
         std::this_thread::sleep_for(std::chrono::duration<double>(s));
         dump();
+      }).detach();
+    // SAMPLER_WRITE_EVERY_S: also rewrite the file that often, sampling on
+    // (for a process killed at an unknown moment: the file then holds all
+    // but its last interval).
+    if (const char* every = std::getenv("SAMPLER_WRITE_EVERY_S"))
+      std::thread([s = std::atof(every)] {
+        while (!g_dumped.load()) {
+          std::this_thread::sleep_for(std::chrono::duration<double>(s));
+          if (!g_dumped.load()) write_samples();
+        }
       }).detach();
     const long us = std::getenv("SAMPLER_US") ? std::atol(std::getenv("SAMPLER_US")) : 50;
     itimerval t{};
