@@ -3,7 +3,9 @@
 # latency under bench/tools/sampler.cpp, the service process and its worker
 # each profiled, once with the defaults and once with the worker's
 # --ring-io-poll. The worker is killed (SIGKILL) when the device closes, so
-# the sampler rewrites its file every half second (SAMPLER_WRITE_EVERY_S).
+# the sampler rewrites its file every half second (SAMPLER_WRITE_EVERY_S):
+# that writer is a thread of each process, seen in the reports as one whose
+# frames are in write_samples (leave it out when reading the shares).
 # The reports are symbolised on the machine that ran them.
 # Usage: profile-isolation.sh BUILD_DIR OUT_DIR   (REPS, default 20000: the
 #   latency part's repetitions of fill4 and sgemm 256; sgemm 1024 a fifth)
