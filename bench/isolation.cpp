@@ -3,8 +3,9 @@
 // latency (fill_bytes of 4 bytes, sgemm 256, sgemm 1024), throughput (sgemm
 // 64 and 256, T = 1 and 8 io threads, one actor), a request pipeline
 // (pageable upload, gemm, pageable download), 256 MiB upload and download
-// bandwidth, and recovery (an injected illegal-address fault to the first
-// successful gemm, median of 10). --json FILE writes the rows.
+// bandwidth (and 16 MiB, one piece of the isolated path), and recovery (an
+// injected illegal-address fault to the first successful gemm, median of
+// 10). --json FILE writes the rows.
 #include "bench.hpp"
 
 #include <atomr/cuda/detail/remote_ops.hpp>
@@ -245,9 +246,8 @@ pipe_result pipeline(asio::io_context& ioc, side& s, int in_flight, double secon
 
 // ------------------------------------------------------------------ bandwidth
 
-/// GB/s of 256 MiB pageable uploads (or downloads), median of 5.
-double bandwidth(asio::io_context& ioc, side& s, bool up) {
-  const std::size_t bytes = std::size_t{256} << 20;
+/// GB/s of `bytes`-byte pageable uploads (or downloads), median of 5.
+double bandwidth(asio::io_context& ioc, side& s, bool up, std::size_t bytes) {
   std::vector<std::uint8_t> host(bytes, 3);
   auto g = s.dev.allocate<std::uint8_t>(bytes);
   if (!g) return 0;
@@ -414,9 +414,16 @@ int main(int argc, char** argv) {
   }
   if (want("bandwidth")) {
     for (bool up : {true, false}) {
-      const double in = bandwidth(ioc, *sides[0], up);
-      const double is = bandwidth(ioc, *sides[1], up);
+      const double in = bandwidth(ioc, *sides[0], up, std::size_t{256} << 20);
+      const double is = bandwidth(ioc, *sides[1], up, std::size_t{256} << 20);
       row("bandwidth", up ? "upload 256 MiB" : "download 256 MiB", in, is, "GB/s");
+    }
+    // One piece of the isolated path (16 MiB with the default arena): against
+    // the 256 MiB rows, whether the pieces' round trips or the copies bound it.
+    for (bool up : {true, false}) {
+      const double in = bandwidth(ioc, *sides[0], up, std::size_t{16} << 20);
+      const double is = bandwidth(ioc, *sides[1], up, std::size_t{16} << 20);
+      row("bandwidth_piece", up ? "upload 16 MiB" : "download 16 MiB", in, is, "GB/s");
     }
   }
   if (want("recovery")) {
