@@ -64,6 +64,17 @@ bool all_nan(const std::vector<float>& v) {
   return std::all_of(v.begin(), v.end(), [](float x) { return std::isnan(x); });
 }
 
+/// A step that keeps `on` busy for `ms` milliseconds (test_kernels' spin),
+/// with `keep` as its keep-alive.
+asio::awaitable<result<gpu_ref<int>>> spin_step(const test_kernels& k, const stream& on,
+                                                gpu_ref<int> keep, double ms) {
+  return run_kernel("cuda", on, std::move(keep), [&k, ms](launch& l) -> result<std::tuple<>> {
+    if (auto e = k.spin(l.native_stream(), ms); e != cudaSuccess)
+      return classify(e, "cudaLaunchKernel");
+    return std::tuple<>{};
+  });
+}
+
 }  // namespace
 
 TEST_CASE_FIXTURE(compose_fixture,
@@ -186,22 +197,13 @@ TEST_CASE_FIXTURE(compose_fixture,
                   "compose: a timeout or a cancellation of the unit's wait parks every step "
                   "until the GPU is done; then all is released") {
   test_kernels kernels;
-  auto spin_step = [&](double ms) {
-    auto tiny = alloc<int>(1);
-    return run_kernel("cuda", dev.main_stream(), tiny,
-                      [&kernels, ms](launch& l) -> result<std::tuple<>> {
-                        if (auto e = kernels.spin(l.native_stream(), ms); e != cudaSuccess)
-                          return classify(e, "cudaLaunchKernel");
-                        return std::tuple<>{};
-                      });
-  };
+  auto spin = [&](double ms) { return spin_step(kernels, dev.main_stream(), alloc<int>(1), ms); };
   const auto buffers_before = dev.statistics().live_buffers;
   {
     auto out = nan_floats(1 << 16);
     std::vector<float> host(out.size(), 1.0f);
     const auto before = dev.statistics();
-    auto r =
-        run(compose(dev, event_poll(5ms), spin_step(200), fill_bytes(out, 0), download(out, host)));
+    auto r = run(compose(dev, event_poll(5ms), spin(200), fill_bytes(out, 0), download(out, host)));
     REQUIRE_FALSE(r);
     CHECK(r.error().code() == errc::timeout);
     CHECK(dev.statistics().parked > 0);
@@ -216,7 +218,7 @@ TEST_CASE_FIXTURE(compose_fixture,
     asio::cancellation_signal sig;
     std::optional<result<std::tuple<gpu_ref<int>, gpu_ref<float>>>> res;
     auto body = [&]() -> asio::awaitable<void> {
-      res.emplace(co_await compose(dev, spin_step(200), fill_bytes(out, 0xFF)));
+      res.emplace(co_await compose(dev, spin(200), fill_bytes(out, 0xFF)));
     };
     asio::co_spawn(ioc, body(), asio::bind_cancellation_slot(sig.slot(), asio::detached));
     asio::steady_timer t(ioc, 20ms);
@@ -236,15 +238,7 @@ TEST_CASE_FIXTURE(compose_fixture,
                   "(terminal, partial, total) reaches the unit's wait, which parks every step "
                   "until the GPU is done") {
   test_kernels kernels;
-  auto spin_step = [&](double ms) {
-    auto tiny = alloc<int>(1);
-    return run_kernel("cuda", dev.main_stream(), tiny,
-                      [&kernels, ms](launch& l) -> result<std::tuple<>> {
-                        if (auto e = kernels.spin(l.native_stream(), ms); e != cudaSuccess)
-                          return classify(e, "cudaLaunchKernel");
-                        return std::tuple<>{};
-                      });
-  };
+  auto spin = [&](double ms) { return spin_step(kernels, dev.main_stream(), alloc<int>(1), ms); };
   using unit_result = result<std::tuple<gpu_ref<int>, gpu_ref<float>, std::monostate>>;
   const auto buffers_before = dev.statistics().live_buffers;
   for (const auto type : {asio::cancellation_type::terminal, asio::cancellation_type::partial,
@@ -260,7 +254,7 @@ TEST_CASE_FIXTURE(compose_fixture,
       // The unit's last GPU work runs after a 500 ms kernel; the handler's
       // slot is cancelled 20 ms in, while the unit waits.
       async_from(dev.get_executor(),
-                 compose(dev, spin_step(500), fill_bytes(out, 0), download(out, host)),
+                 compose(dev, spin(500), fill_bytes(out, 0), download(out, host)),
                  asio::bind_cancellation_slot(sig.slot(),
                                               [&](unit_result r) { res.emplace(std::move(r)); }));
       asio::steady_timer t(ioc, 20ms);
@@ -500,16 +494,23 @@ struct unit_buffers {
   gpu_ref<float> x, y, z;  // the upload's target, gemm's output, relu's output
 };
 
-/// The request as one unit: pageable upload of `a` into x, y = x * W
-/// (W on the device), z = relu(y), pageable download of z into `out`.
+/// The request as four steps: pageable upload of `a` into x,
+/// y = x * W (W on the device), z = relu(y), pageable download of z into `out`.
+auto unit_steps(const stress_run& s, const stress_size& sz, const std::vector<float>& a,
+                const unit_buffers& b, std::vector<float>& out) {
+  const int n = sz.n;
+  return std::make_tuple(upload(a, b.x), s.blas.gemm(gpu_fixture::square(n), b.x, sz.w, b.y),
+                         s.dnn.activation_forward(tensor_shape{.n = 1, .c = 1, .h = n, .w = n},
+                                                  activation_params{}, b.y, b.z),
+                         download(b.z, out));
+}
+
+/// The four steps as one unit.
 asio::awaitable<unit_result> make_unit(const stress_run& s, const completion& how,
                                        const stress_size& sz, const std::vector<float>& a,
                                        const unit_buffers& b, std::vector<float>& out) {
-  const int n = sz.n;
-  return compose(s.dev, how, upload(a, b.x), s.blas.gemm(gpu_fixture::square(n), b.x, sz.w, b.y),
-                 s.dnn.activation_forward(tensor_shape{.n = 1, .c = 1, .h = n, .w = n},
-                                          activation_params{}, b.y, b.z),
-                 download(b.z, out));
+  return std::apply([&](auto&&... step) { return compose(s.dev, how, std::move(step)...); },
+                    unit_steps(s, sz, a, b, out));
 }
 
 /// How long a held unit's last step keeps its stream busy: far longer than
@@ -526,21 +527,15 @@ asio::awaitable<unit_result> make_held_unit(const stress_run& s, const completio
                                             const stress_size& sz, const std::vector<float>& a,
                                             const unit_buffers& b, std::vector<float>& out,
                                             const stream& spin_on) {
-  const int n = sz.n;
   device dev = s.dev;  // a handle: allocate() is not const
   auto flag = dev.allocate<int>(1);
   if (!flag) co_return flag.error();
-  const test_kernels& k = *s.kernels;
-  auto r = co_await compose(
-      s.dev, how, upload(a, b.x), s.blas.gemm(gpu_fixture::square(n), b.x, sz.w, b.y),
-      s.dnn.activation_forward(tensor_shape{.n = 1, .c = 1, .h = n, .w = n}, activation_params{},
-                               b.y, b.z),
-      download(b.z, out),
-      run_kernel("cuda", spin_on, std::move(flag).value(), [&k](launch& l) -> result<std::tuple<>> {
-        if (auto e = k.spin(l.native_stream(), held_ms); e != cudaSuccess)
-          return classify(e, "cudaLaunchKernel");
-        return std::tuple<>{};
-      }));
+  auto r = co_await std::apply(
+      [&](auto&&... step) {
+        return compose(s.dev, how, std::move(step)...,
+                       spin_step(*s.kernels, spin_on, std::move(flag).value(), held_ms));
+      },
+      unit_steps(s, sz, a, b, out));
   if (!r) co_return r.error();
   auto& v = r.value();
   co_return unit_value{std::move(std::get<0>(v)), std::move(std::get<1>(v)),
