@@ -66,16 +66,6 @@ void on_prof(int, siginfo_t*, void*) {
 std::atomic<bool> g_dumped{false};
 
 /// Writes every finished sample so far to $SAMPLER_OUT (replacing the file).
-void write_samples();
-
-void dump() {
-  if (g_dumped.exchange(true)) return;
-  g_on.store(false);
-  itimerval off{};
-  setitimer(ITIMER_PROF, &off, nullptr);
-  write_samples();
-}
-
 void write_samples() {
   static std::mutex writing;  // the periodic writer and the final dump
   std::lock_guard lk(writing);
@@ -118,6 +108,14 @@ void write_samples() {
   }
   std::fclose(f);
   if (g_dumped.load()) std::fprintf(stderr, "sampler: %zu samples written\n", written);
+}
+
+void dump() {
+  if (g_dumped.exchange(true)) return;
+  g_on.store(false);
+  itimerval off{};
+  setitimer(ITIMER_PROF, &off, nullptr);
+  write_samples();
 }
 
 struct init {
