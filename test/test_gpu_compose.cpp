@@ -485,7 +485,7 @@ struct stress_run {
   /// Steps of the units that succeeded (four each, five for a held unit).
   std::atomic<std::uint64_t> steps_succeeded{0};
   /// Held units (a deadline of 1 us and a last step that keeps the GPU busy
-  /// for held_ms), and how many of them timed out.
+  /// until the unit has ended), and how many of them timed out.
   std::atomic<std::uint64_t> held{0}, held_timed_out{0};
   std::array<std::atomic<std::uint64_t>, unit_modes> ok_by_mode{}, failed_by_mode{};
 };
@@ -513,16 +513,38 @@ asio::awaitable<unit_result> make_unit(const stress_run& s, const completion& ho
                     unit_steps(s, sz, a, b, out));
 }
 
-/// How long a held unit's last step keeps its stream busy: far longer than
-/// anything between that step's enqueue and the first look at the unit's
-/// deadline (the io threads' backlog of 256 clients included).
-constexpr double held_ms = 5.0;
+/// Whether the tests run under ASan (compiled in) or compute-sanitizer
+/// (scripts/device-check.sh sets ATOMR_TEST_UNDER_SANITIZER for its runs).
+bool under_sanitizer() {
+#if defined(__SANITIZE_ADDRESS__)
+  return true;
+#else
+  const char* v = std::getenv("ATOMR_TEST_UNDER_SANITIZER");
+  return v != nullptr && *v != '\0' && std::string_view(v) != "0";
+#endif
+}
 
-/// make_unit's four steps and a fifth, last, that spins on `spin_on` for
-/// held_ms: the unit's wait begins while the GPU is busy with it, so a
-/// deadline of 1 us passes before it is done, however fast the GPU runs the
-/// other four (a unit of four small steps is often done before its wait has
-/// begun, and its deadline then never passes).
+/// A step on `on` that spins until the host sets `*release` (test_kernels'
+/// spin_until), with `keep` as its output and `release` kept alive with it.
+/// At most 10 s; under a sanitizer 5 ms, since memcheck may hold the launch
+/// itself until the kernel ends (and the host could not release it).
+asio::awaitable<result<gpu_ref<int>>> held_step(const test_kernels& k, const stream& on,
+                                                gpu_ref<int> keep, pinned_buffer<int> release) {
+  const double max_ms = under_sanitizer() ? 5.0 : 10000.0;
+  return run_kernel("cuda", on, std::move(keep),
+                    [&k, release, max_ms](launch& l) -> result<std::tuple<pinned_buffer<int>>> {
+                      if (auto e = k.spin_until(l.native_stream(), release.data(), max_ms);
+                          e != cudaSuccess)
+                        return classify(e, "cudaLaunchKernel");
+                      return std::tuple{release};
+                    });
+}
+
+/// make_unit's four steps and a fifth, last, on `spin_on`, that keeps the
+/// GPU busy until this unit has ended: its deadline of 1 us has to pass
+/// before the GPU is done, however fast the GPU and however late the io
+/// threads look at the deadline (a fixed 5 ms spin was not enough: with
+/// 3072 clients, the io threads' backlog let most such units finish first).
 asio::awaitable<unit_result> make_held_unit(const stress_run& s, const completion& how,
                                             const stress_size& sz, const std::vector<float>& a,
                                             const unit_buffers& b, std::vector<float>& out,
@@ -530,12 +552,17 @@ asio::awaitable<unit_result> make_held_unit(const stress_run& s, const completio
   device dev = s.dev;  // a handle: allocate() is not const
   auto flag = dev.allocate<int>(1);
   if (!flag) co_return flag.error();
+  auto release = dev.allocate_pinned<int>(1);
+  if (!release) co_return release.error();
+  std::atomic_ref<int>(release.value().data()[0]).store(0);
   auto r = co_await std::apply(
       [&](auto&&... step) {
         return compose(s.dev, how, std::move(step)...,
-                       spin_step(*s.kernels, spin_on, std::move(flag).value(), held_ms));
+                       held_step(*s.kernels, spin_on, std::move(flag).value(), release.value()));
       },
       unit_steps(s, sz, a, b, out));
+  // The unit has ended (timed out, as it must): the GPU may finish now.
+  std::atomic_ref<int>(release.value().data()[0]).store(1);
   if (!r) co_return r.error();
   auto& v = r.value();
   co_return unit_value{std::move(std::get<0>(v)), std::move(std::get<1>(v)),
@@ -768,17 +795,6 @@ asio::awaitable<void> stress_client(stress_run* s, std::uint64_t seed,
   }
 }
 
-/// Whether the tests run under ASan (compiled in) or compute-sanitizer
-/// (scripts/device-check.sh sets ATOMR_TEST_UNDER_SANITIZER for its runs).
-bool under_sanitizer() {
-#if defined(__SANITIZE_ADDRESS__)
-  return true;
-#else
-  const char* v = std::getenv("ATOMR_TEST_UNDER_SANITIZER");
-  return v != nullptr && *v != '\0' && std::string_view(v) != "0";
-#endif
-}
-
 /// The device's memory as the stress test compares it: the statistics
 /// (cudaMemGetInfo, live buffers, parked keep-alives) and the bytes in use
 /// in the device's pool, taken once the device is idle.
@@ -871,7 +887,7 @@ TEST_CASE_FIXTURE(compose_fixture,
             s.failed_by_mode[3].load());
     CHECK(s.succeeded.load() + failed == total);
     // Not vacuous: plenty of both, by each way of cancelling; every held
-    // unit's deadline of 1 us passed (its GPU work takes held_ms).
+    // unit's deadline of 1 us passed (its GPU work could not end before).
     // Under a sanitizer the timing is another: memcheck runs each kernel as
     // it is launched (a unit is done before its wait begins) and ASan's
     // slower io threads see the timers late; there the numbers above are

@@ -1,6 +1,7 @@
 // Test-only kernels, compiled at run time with NVRTC for the device at hand
 // and loaded through the runtime's library API (no driver-API link needed):
-// a write to an arbitrary address (fault injection) and a timed spin.
+// a write to an arbitrary address (fault injection), a timed spin, and a spin
+// that the host ends.
 #pragma once
 
 #include <atomr/cuda.hpp>
@@ -31,6 +32,10 @@ extern "C" __global__ void atomr_spin(unsigned long long ns, int* done) {
   while (atomr_now_ns() - start < ns) {}
   if (done && threadIdx.x == 0 && blockIdx.x == 0) *done = 1;
 }
+extern "C" __global__ void atomr_spin_until(const volatile int* release, unsigned long long max_ns) {
+  unsigned long long start = atomr_now_ns();
+  while (*release == 0 && atomr_now_ns() - start < max_ns) {}
+}
 )";
     int dev = 0, major = 0, minor = 0;
     cudaGetDevice(&dev);
@@ -56,6 +61,7 @@ extern "C" __global__ void atomr_spin(unsigned long long ns, int* done) {
     check(cudaLibraryLoadData(&lib_, cubin.data(), nullptr, nullptr, 0, nullptr, nullptr, 0));
     check(cudaLibraryGetKernel(&write_to_, lib_, "atomr_write_to"));
     check(cudaLibraryGetKernel(&spin_, lib_, "atomr_spin"));
+    check(cudaLibraryGetKernel(&spin_until_, lib_, "atomr_spin_until"));
   }
   ~test_kernels() =
       default;  // the library is left loaded: unloading on a poisoned context is pointless
@@ -74,6 +80,16 @@ extern "C" __global__ void atomr_spin(unsigned long long ns, int* done) {
     return cudaLaunchKernel(reinterpret_cast<const void*>(spin_), dim3(1), dim3(32), args, 0, s);
   }
 
+  /// Enqueues a one-thread kernel that spins until the host sets `*release`
+  /// to non-zero (pinned host memory, which kernels reach by the same
+  /// pointer), or at most `max_ms` milliseconds.
+  cudaError_t spin_until(cudaStream_t s, const int* release, double max_ms) const {
+    auto ns = static_cast<unsigned long long>(max_ms * 1e6);
+    void* args[] = {&release, &ns};
+    return cudaLaunchKernel(reinterpret_cast<const void*>(spin_until_), dim3(1), dim3(1), args, 0,
+                            s);
+  }
+
 private:
   static void check(nvrtcResult r) {
     if (r != NVRTC_SUCCESS) throw std::runtime_error(nvrtcGetErrorString(r));
@@ -85,6 +101,7 @@ private:
   cudaLibrary_t lib_ = nullptr;
   cudaKernel_t write_to_ = nullptr;
   cudaKernel_t spin_ = nullptr;
+  cudaKernel_t spin_until_ = nullptr;
 };
 
 }  // namespace atomr::cuda::test
