@@ -343,7 +343,10 @@ void device_impl::on_context_shutdown() {
     if (alive && p.done) cudaEventSynchronize(p.done->native_handle());
   parked_count -= parked_.size();
   parked_.clear();
-  watched_.clear();
+  {
+    std::lock_guard lk(watch_mu_);
+    watched_.clear();
+  }
   polls->clear();
   // Host functions still queued (the context was stopped with waits in
   // flight): their callbacks must not post into the context being
@@ -472,11 +475,27 @@ result<stream> device_impl::acquire_stream(stream_policy p, std::string_view own
 
 // ---------------------------------------------------------------- monitor
 
+namespace {
+/// How soon the monitor must look at a watched wait: at its deadline, and
+/// every fault_tick while something polls for faults, else every idle_tick
+/// (device failures).
+clock::time_point monitor_due(clock::time_point now, clock::time_point deadline, bool fast) {
+  const auto tick = fast ? clock::duration(fault_tick) : clock::duration(idle_tick);
+  return std::min(deadline, now + tick);
+}
+}  // namespace
+
 void device_impl::watch(std::shared_ptr<watched_wait> w) {
-  asio::post(strand_, [self = shared_from_this(), w = std::weak_ptr<watched_wait>(w)]() mutable {
-    self->watched_.push_back(std::move(w));
-    self->arm_monitor();
-  });
+  // Every wait with a deadline comes here: no scan and no strand hop unless
+  // the armed timer would fire after this wait is due.
+  const auto due = monitor_due(clock::now(), w->deadline(), w->polls_for_faults());
+  bool rearm = false;
+  {
+    std::lock_guard lk(watch_mu_);
+    watched_.emplace_back(w);
+    rearm = monitor_at_ > due;
+  }
+  if (rearm) asio::post(strand_, [self = shared_from_this()] { self->arm_monitor(); });
 }
 
 void device_impl::park(shared_event done, std::shared_ptr<void> keep_alive) {
@@ -489,25 +508,31 @@ void device_impl::park(shared_event done, std::shared_ptr<void> keep_alive) {
 }
 
 void device_impl::arm_monitor() {
-  if (watched_.empty() && parked_.empty()) return;
   const auto now = clock::now();
-  bool fast = !parked_.empty();
-  auto next = clock::time_point::max();
-  for (auto& weak : watched_) {
-    auto w = weak.lock();
-    if (!w) continue;
-    fast = fast || w->polls_for_faults();
-    next = std::min(next, w->deadline());
+  clock::time_point next;
+  {
+    std::lock_guard lk(watch_mu_);
+    if (watched_.empty() && parked_.empty()) return;
+    bool fast = !parked_.empty();
+    auto deadline = clock::time_point::max();
+    for (auto& weak : watched_) {
+      auto w = weak.lock();
+      if (!w) continue;
+      fast = fast || w->polls_for_faults();
+      deadline = std::min(deadline, w->deadline());
+    }
+    next = monitor_due(now, deadline, fast);
+    if (monitor_at_ <= next) return;  // armed early enough
+    monitor_at_ = next;
   }
-  next = std::min(next, now + (fast ? clock::duration(fault_tick) : clock::duration(idle_tick)));
-  if (monitor_armed_ && monitor_at_ <= next) return;
-  monitor_armed_ = true;
-  monitor_at_ = next;
   monitor_timer_.expires_at(next);
   monitor_timer_.async_wait(
       asio::bind_executor(strand_, [self = shared_from_this()](boost::system::error_code ec) {
         if (ec == asio::error::operation_aborted) return;  // re-armed earlier
-        self->monitor_armed_ = false;
+        {
+          std::lock_guard lk(self->watch_mu_);
+          self->monitor_at_ = clock::time_point::max();
+        }
         self->on_monitor_tick();
         self->arm_monitor();
       }));
@@ -515,10 +540,15 @@ void device_impl::arm_monitor() {
 
 void device_impl::on_monitor_tick() {
   const auto now = clock::now();
-  std::erase_if(watched_, [&](auto& weak) {
-    auto w = weak.lock();
-    return !w || w->on_tick(now);
-  });
+  {
+    // on_tick only posts its wait's handler (and may note a fault): nothing
+    // under it comes back to watch_mu_.
+    std::lock_guard lk(watch_mu_);
+    std::erase_if(watched_, [&](auto& weak) {
+      auto w = weak.lock();
+      return !w || w->on_tick(now);
+    });
+  }
   if (parked_.empty()) return;
   const bool dead = health.load() == health_state::poisoned;
   if (!dead) make_current();

@@ -279,9 +279,14 @@ private:
 
   asio::strand<asio::any_io_executor> strand_;
   asio::steady_timer monitor_timer_;
-  bool monitor_armed_ = false;                        // on strand
-  clock::time_point monitor_at_{};                    // on strand
-  std::vector<std::weak_ptr<watched_wait>> watched_;  // on strand; ops own themselves
+  // watch() runs on the caller's thread for every wait with a deadline: it
+  // appends under watch_mu_ and posts to the strand only when the monitor
+  // would tick too late for the new wait (docs/design.md, "The device
+  // monitor"). The strand's work (ticks, arming) takes watch_mu_ as well.
+  std::mutex watch_mu_;
+  /// When the armed monitor timer fires; time_point::max() when unarmed.
+  clock::time_point monitor_at_ = clock::time_point::max();  // guarded by watch_mu_
+  std::vector<std::weak_ptr<watched_wait>> watched_;  // guarded by watch_mu_; ops own themselves
   std::vector<parked_work> parked_;                   // on strand
 
   std::shared_ptr<blocking_queue> bq_ = std::make_shared<blocking_queue>();
