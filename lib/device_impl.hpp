@@ -281,8 +281,8 @@ private:
   asio::steady_timer monitor_timer_;
   // watch() runs on the caller's thread for every wait with a deadline: it
   // appends under watch_mu_ and posts to the strand only when the monitor
-  // would tick too late for the new wait (docs/design.md, "The device
-  // monitor"). The strand's work (ticks, arming) takes watch_mu_ as well.
+  // would tick too late for the new wait (docs/design.md, "Device", the
+  // monitor). The strand's work (ticks, arming) takes watch_mu_ as well.
   std::mutex watch_mu_;
   /// When the armed monitor timer fires; time_point::max() when unarmed.
   clock::time_point monitor_at_ = clock::time_point::max();  // guarded by watch_mu_
