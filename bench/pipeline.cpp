@@ -44,6 +44,9 @@ struct options {
   double seconds = 2.0;
   double warmup = 0.3;
   int device = 0;
+  /// --timeout-ms: every wait's deadline (the device's default completion,
+  /// event_poll with this timeout), as a service puts on its requests; 0 none.
+  long timeout_ms = 0;
   std::string json;
 };
 
@@ -451,7 +454,7 @@ int usage(const char* why) {
   if (why) std::fprintf(stderr, "%s: %s\n", prog, why);
   std::fprintf(why ? stderr : stdout,
                "usage: %s [--n N] [--threads T] [--in-flight LIST] [--variants LIST]\n"
-               "          [--seconds S] [--device D] [--json FILE]\n"
+               "          [--seconds S] [--device D] [--timeout-ms MS] [--json FILE]\n"
                "One request: pageable upload of N x N f32 (default 256), gemm with device\n"
                "weights, cuDNN relu, pageable download, one element checked. Variants:\n"
                "per_op (four awaits), composed (one compose() unit), fused (one unit with\n"
@@ -469,7 +472,10 @@ int usage(const char* why) {
                "against raw CUDA doing that request (its row's raw columns), for the\n"
                "service's comparison with the library (scripts/bench.sh service);\n"
                "serve_gemm_alloc: the same with the request's three device buffers\n"
-               "allocated and released per request, as atomr-serve does.\n",
+               "allocated and released per request, as atomr-serve does.\n"
+               "--timeout-ms MS: the library's waits (each await, each unit) get a deadline\n"
+               "of MS milliseconds, as a service's requests have (default: none); raw CUDA\n"
+               "is unchanged.\n",
                prog);
   return why ? 64 : 0;
 }
@@ -494,13 +500,14 @@ int main(int argc, char** argv) {
   if (!a.unknown.empty()) return usage(("unknown argument " + a.unknown.front()).c_str());
   for (const auto& [k, v] : a.kv)
     if (k != "help" && k != "n" && k != "threads" && k != "device" && k != "json" &&
-        k != "seconds" && k != "in-flight" && k != "variants")
+        k != "seconds" && k != "in-flight" && k != "variants" && k != "timeout-ms")
       return usage(("unknown option --" + k).c_str());
   options o;
   o.n = int(a.num("n", o.n));
   o.threads = int(a.num("threads", o.threads));
   o.device = int(a.num("device", o.device));
   o.json = a.get("json");
+  o.timeout_ms = long(a.num("timeout-ms", 0));
   if (a.has("seconds")) o.seconds = std::strtod(a.get("seconds").c_str(), nullptr);
   if (a.has("in-flight")) {
     o.in_flight.clear();
@@ -509,6 +516,7 @@ int main(int argc, char** argv) {
   if (a.has("variants")) o.variants = split(a.get("variants"));
   if (o.n < 1 || o.n > 8192) return usage("--n wants 1..8192");
   if (o.threads < 1 || o.threads > 64) return usage("--threads wants 1..64");
+  if (o.timeout_ms < 0 || o.timeout_ms > 3600000) return usage("--timeout-ms wants 0..3600000");
   if (!(o.seconds > 0 && o.seconds <= 60)) return usage("--seconds wants a number in (0, 60]");
   for (int f : o.in_flight)
     if (f < 1 || f > 4096) return usage("--in-flight wants counts in 1..4096");
@@ -521,7 +529,10 @@ int main(int argc, char** argv) {
   bench::require_gpu(prog);
 
   asio::io_context ioc;
-  auto dev = device::open(ioc.get_executor(), o.device);
+  device_options dopt;
+  if (o.timeout_ms > 0)
+    dopt.default_completion = event_poll(std::chrono::milliseconds(o.timeout_ms));
+  auto dev = device::open(ioc.get_executor(), o.device, dopt);
   if (!dev) {
     std::fprintf(stderr, "%s: %s\n", prog, dev.error().message().c_str());
     return bench::exit_no_gpu;
@@ -573,8 +584,12 @@ int main(int argc, char** argv) {
     slots[i].out = out.value();
   }
 
-  std::printf("%s: %s, n = %d, %d threads, %.1f s windows\n", prog, bench::device_name().c_str(), n,
-              o.threads, o.seconds);
+  std::printf(
+      "%s: %s, n = %d, %d threads, %.1f s windows%s\n", prog, bench::device_name().c_str(), n,
+      o.threads, o.seconds,
+      o.timeout_ms > 0
+          ? (", library waits with a " + std::to_string(o.timeout_ms) + " ms deadline").c_str()
+          : "");
   std::printf("%-11s %6s %10s %9s %9s %9s %10s %9s %9s %7s %6s\n", "variant", "in_fl", "req/s",
               "p50 us", "p99 us", "CPU us", "raw req/s", "raw p50", "raw CPU", "ratio", "wrong");
   std::vector<bench::json> rows;

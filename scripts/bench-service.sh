@@ -7,7 +7,8 @@
 #   2. atomr-bench-pipeline --variants serve_gemm,serve_gemm_alloc: the same request (both
 #      factors uploaded from pageable memory, the gemm, the download, one
 #      element checked) as one compose() unit from 64 coroutines on T io
-#      threads, and raw CUDA doing it -> service_pipeline.json;
+#      threads with the service's 10 s deadline on each unit (--timeout-ms), and
+#      raw CUDA doing it -> service_pipeline.json;
 #   3. atomr-serve --isolated --test-faults: 64 connections for 10 s of gemm
 #      with an illegal-address fault every 3 s -> service_isolated.json;
 #   4. 1 and 2 (raw bodies) again with T2 io threads for both the service and
@@ -68,7 +69,7 @@ load service_json --seconds "$seconds"
 stop
 
 "$build/bench/atomr-bench-pipeline" --variants serve_gemm,serve_gemm_alloc --n "$n" --in-flight 64 \
-  --threads "$threads" --seconds "$seconds" --json "$out/service_pipeline.json" || rc=$?
+  --timeout-ms 10000 --threads "$threads" --seconds "$seconds" --json "$out/service_pipeline.json" || rc=$?
 
 serve_start "$build/samples/atomr-serve" "$out/serve-isolated.log" --threads "$threads" \
   --isolated --test-faults
@@ -81,6 +82,6 @@ if [ "$threads2" != 0 ]; then
   load service_raw_t8 --wait-healthy 20 --seconds "$seconds" --raw
   stop
   "$build/bench/atomr-bench-pipeline" --variants serve_gemm --n "$n" --in-flight 64 \
-    --threads "$threads2" --seconds "$seconds" --json "$out/service_pipeline_t8.json" || rc=$?
+    --timeout-ms 10000 --threads "$threads2" --seconds "$seconds" --json "$out/service_pipeline_t8.json" || rc=$?
 fi
 exit "$rc"
