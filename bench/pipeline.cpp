@@ -584,12 +584,11 @@ int main(int argc, char** argv) {
     slots[i].out = out.value();
   }
 
-  std::printf(
-      "%s: %s, n = %d, %d threads, %.1f s windows%s\n", prog, bench::device_name().c_str(), n,
-      o.threads, o.seconds,
-      o.timeout_ms > 0
-          ? (", library waits with a " + std::to_string(o.timeout_ms) + " ms deadline").c_str()
-          : "");
+  const std::string deadline =
+      o.timeout_ms > 0 ? ", library waits with a " + std::to_string(o.timeout_ms) + " ms deadline"
+                       : "";
+  std::printf("%s: %s, n = %d, %d threads, %.1f s windows%s\n", prog, bench::device_name().c_str(),
+              n, o.threads, o.seconds, deadline.c_str());
   std::printf("%-11s %6s %10s %9s %9s %9s %10s %9s %9s %7s %6s\n", "variant", "in_fl", "req/s",
               "p50 us", "p99 us", "CPU us", "raw req/s", "raw p50", "raw CPU", "ratio", "wrong");
   std::vector<bench::json> rows;

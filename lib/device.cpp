@@ -486,8 +486,9 @@ clock::time_point monitor_due(clock::time_point now, clock::time_point deadline,
 }  // namespace
 
 void device_impl::watch(std::shared_ptr<watched_wait> w) {
-  // Every wait with a deadline comes here: no scan and no strand hop unless
-  // the armed timer would fire after this wait is due.
+  // Every wait with a deadline comes here (and every host_fn and
+  // blocking_sync wait): no scan and no strand hop unless the armed timer
+  // would fire after this wait is due.
   const auto due = monitor_due(clock::now(), w->deadline(), w->polls_for_faults());
   bool rearm = false;
   {
