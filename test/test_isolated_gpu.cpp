@@ -239,6 +239,40 @@ TEST_CASE_FIXTURE(iso,
   REQUIRE(run(download(gbig, std::span<std::uint32_t>(out))));
   CHECK(in == out);
 
+  // Blocks that are not adjacent in the arena: three 2 MiB uploads staged
+  // (their blocks at 0, 2 and 4 MiB, held until each is awaited), the middle
+  // one finished, so a 4 MiB transfer gets the blocks at 2 and 6 MiB and
+  // copies two runs; the staged data of the others must stay intact.
+  {
+    const std::size_t piece_words = std::size_t{512} << 10;  // 2 MiB of uint32
+    std::vector<std::vector<std::uint32_t>> part(3, std::vector<std::uint32_t>(piece_words));
+    std::vector<gpu_ref<std::uint32_t>> gp;
+    for (int i = 0; i < 3; ++i) {
+      random_bytes(part[i].data(), piece_words * 4, 20 + i);
+      gp.push_back(dev.allocate<std::uint32_t>(piece_words).value());
+    }
+    auto op0 = upload(part[0], gp[0]);
+    auto op1 = upload(part[1], gp[1]);
+    auto op2 = upload(part[2], gp[2]);
+    // The staged copies are the arena's: the host data may change now.
+    for (auto& p : part) std::reverse(p.begin(), p.end());
+    REQUIRE(run(std::move(op1)));
+    std::vector<std::uint32_t> four(2 * piece_words), back(2 * piece_words, 0);
+    random_bytes(four.data(), four.size() * 4, 30);
+    auto g4 = dev.allocate<std::uint32_t>(four.size()).value();
+    REQUIRE(run(upload(four, g4)));
+    REQUIRE(run(download(g4, std::span<std::uint32_t>(back))));
+    CHECK(four == back);
+    REQUIRE(run(std::move(op0)));
+    REQUIRE(run(std::move(op2)));
+    for (int i = 0; i < 3; ++i) {
+      std::vector<std::uint32_t> got(piece_words, 0);
+      REQUIRE(run(download(gp[i], std::span<std::uint32_t>(got))));
+      std::reverse(part[i].begin(), part[i].end());  // as it was when staged
+      CHECK_MESSAGE(got == part[i], "staged upload " << i);
+    }
+  }
+
   const auto s = dev.statistics();
   CHECK(s.worker_calls_pending == 0);
   CHECK(s.ops_failed == 0);
