@@ -497,9 +497,12 @@ struct service::impl : std::enable_shared_from_this<impl> {
   /// the named header (X-Shape, X-Class).
   template <class T>
   static response raw_reply(const std::vector<T>& v, std::string_view header, std::string value) {
-    auto res = reply(http::status::ok,
-                     std::string(reinterpret_cast<const char*>(v.data()), v.size() * sizeof(T)),
-                     "application/octet-stream");
+    return raw_body(std::string(reinterpret_cast<const char*>(v.data()), v.size() * sizeof(T)),
+                    header, std::move(value));
+  }
+  /// The same for bytes already in a string.
+  static response raw_body(std::string bytes, std::string_view header, std::string value) {
+    auto res = reply(http::status::ok, std::move(bytes), "application/octet-stream");
     res.set(header, std::move(value));
     return res;
   }
@@ -621,11 +624,8 @@ struct service::impl : std::enable_shared_from_this<impl> {
       co_return cuda::outcome::success();
     };
     if (auto ok = co_await run(); !ok) co_return failed(ok.error());
-    if (raw) {
-      auto res = reply(http::status::ok, std::move(raw_c), "application/octet-stream");
-      res.set("X-Shape", std::to_string(m) + "," + std::to_string(n));
-      co_return res;
-    }
+    if (raw)
+      co_return raw_body(std::move(raw_c), "X-Shape", std::to_string(m) + "," + std::to_string(n));
     std::string body = "{\"m\":" + std::to_string(m) + ",\"n\":" + std::to_string(n) + ",\"c\":";
     json::append_array<float>(body, c);
     body += "}";
@@ -651,8 +651,6 @@ struct service::impl : std::enable_shared_from_this<impl> {
                       "the body has " + std::to_string(req.body().size()) +
                           " bytes; X-Shape n needs n * 8 (interleaved complex f32) = " +
                           std::to_string(want));
-      x.resize(static_cast<std::size_t>(n));
-      std::memcpy(x.data(), req.body().data(), want);
     } else {
       json::reader r(req.body());
       auto v = r.parse(err);
@@ -672,18 +670,28 @@ struct service::impl : std::enable_shared_from_this<impl> {
     if (!fft)
       co_return failed(cuda::gpu_error(cuda::errc::not_supported, "atomr", 0,
                                        "/v1/fft: no FFT actor on this device: " + g.value().note));
-    std::vector<std::complex<float>> y(x.size());
+    // As in gemm: a raw body goes up from the request's bytes and the
+    // answer comes down into the response's body.
+    using cf = std::complex<float>;
+    const auto count = static_cast<std::size_t>(n);
+    const std::span<const cf> xv =
+        raw ? std::span<const cf>(reinterpret_cast<const cf*>(req.body().data()), count)
+            : std::span<const cf>(x);
+    std::vector<cf> y(raw ? 0 : count);
+    std::string raw_y(raw ? count * sizeof(cf) : 0, '\0');
+    const std::span<cf> yv =
+        raw ? std::span<cf>(reinterpret_cast<cf*>(raw_y.data()), count) : std::span<cf>(y);
     auto run = [&]() -> asio::awaitable<cuda::result<void>> {
-      BOOST_OUTCOME_CO_TRY(auto gx, sc.complexes(dev, 0, x.size()));
-      BOOST_OUTCOME_CO_TRY(auto gy, sc.complexes(dev, 1, y.size()));
+      BOOST_OUTCOME_CO_TRY(auto gx, sc.complexes(dev, 0, count));
+      BOOST_OUTCOME_CO_TRY(auto gy, sc.complexes(dev, 1, count));
       cuda::fft_shape sh;
       sh.dims[0] = n;
-      BOOST_OUTCOME_CO_TRY(co_await cuda::compose(dev, how(), cuda::upload(x, gx),
-                                                  fft->c2c(sh, gx, gy), cuda::download(gy, y)));
+      BOOST_OUTCOME_CO_TRY(co_await cuda::compose(dev, how(), cuda::upload(xv, gx),
+                                                  fft->c2c(sh, gx, gy), cuda::download(gy, yv)));
       co_return cuda::outcome::success();
     };
     if (auto ok = co_await run(); !ok) co_return failed(ok.error());
-    if (raw) co_return raw_reply(y, "X-Shape", std::to_string(n));
+    if (raw) co_return raw_body(std::move(raw_y), "X-Shape", std::to_string(n));
     std::vector<float> re(y.size()), im(y.size());
     for (std::size_t i = 0; i < y.size(); ++i) {
       re[i] = y[i].real();
