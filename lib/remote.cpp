@@ -512,29 +512,6 @@ result<std::shared_ptr<arena_block>> unit_block(device_impl& d, std::size_t byte
   return b;
 }
 
-/// Copies `bytes` bytes between `host` and the blocks, which hold them in
-/// order (block i takes min(its size, what is left)): one memcpy for each
-/// run of blocks that lie back to back in the arena. memcpy takes its
-/// fastest, non-temporal path only above a size glibc derives from the cache
-/// (about 150 MiB on the H100 host), so sixteen 16 MiB copies took 46 ms
-/// where one of 256 MiB took 29 (docs/design.md, the arena).
-void copy_runs(const std::vector<std::shared_ptr<arena_block>>& blocks, std::byte* host,
-               std::size_t bytes, bool into_arena) {
-  std::size_t at = 0;
-  for (std::size_t i = 0; i < blocks.size() && at < bytes;) {
-    std::byte* const first = blocks[i]->data();
-    std::size_t run = 0;
-    // Extend the run while the next block starts where this one's bytes end.
-    for (; i < blocks.size() && at + run < bytes && blocks[i]->data() == first + run; ++i)
-      run += std::min(blocks[i]->bytes(), bytes - at - run);
-    if (into_arena)
-      std::memcpy(first, host + at, run);
-    else
-      std::memcpy(host + at, first, run);
-    at += run;
-  }
-}
-
 std::string transfer_payload(const remote_view& v, std::size_t elem_off, std::size_t elems,
                              const arena_block& b) {
   wire::transfer_args a;
@@ -564,7 +541,9 @@ result<std::shared_ptr<remote_staging>> remote_stage_upload(const remote_view& d
     s->blocks.push_back(std::move(b));
     at += n;
   }
-  copy_runs(s->blocks, const_cast<std::byte*>(from), at, true);
+  for_each_run(s->blocks, at, [&](std::byte* arena, std::size_t off, std::size_t n) {
+    std::memcpy(arena, from + off, n);
+  });
   if (at < bytes) {
     s->rest_from = at;
     s->rest.assign(from + at, from + bytes);
@@ -630,7 +609,7 @@ asio::awaitable<result<void>> remote_download(remote_view src, void* dst, std::s
   }
   // In rounds: as many pieces as the arena has room for now (one at least,
   // waited for), each piece's DMA, then the copy out of them all (one
-  // memcpy where the blocks are adjacent: copy_runs). The DMA is several
+  // memcpy where the blocks are adjacent: for_each_run). The DMA is several
   // times faster than the host copy, so one large copy beats overlapping
   // small ones with the DMA (docs/design.md, the arena).
   std::size_t at = 0;
@@ -654,7 +633,9 @@ asio::awaitable<result<void>> remote_download(remote_view src, void* dst, std::s
                                                 b, b->incarnation()));
       p += n;
     }
-    copy_runs(round, out + at, span, false);
+    for_each_run(round, span, [&](std::byte* arena, std::size_t off, std::size_t n) {
+      std::memcpy(out + at + off, arena, n);
+    });
     at += span;
   }
   co_return outcome::success();

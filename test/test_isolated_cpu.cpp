@@ -2,6 +2,7 @@
 // started and watched, its "no GPU" is the device's status, bad input is
 // refused before anything is sent, what the mode does not offer answers
 // not_supported, and no process is left behind.
+#include "../lib/remote.hpp"
 #include "io_fixture.hpp"
 
 #include <atomr/cuda.hpp>
@@ -20,12 +21,14 @@
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <functional>
 #include <optional>
 #include <span>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #if ATOMR_CUDA_HAS_WORKER
@@ -361,3 +364,72 @@ TEST_CASE("isolated device: not built (Boost.Process v2 did not compile)") {
   MESSAGE("SKIP: the isolated device mode was not built");
 }
 #endif
+
+// The arena's host copies (lib/remote.hpp, for_each_run): one run per stretch
+// of adjacent blocks, each run at its offset in the transfer, the last block
+// only as far as the transfer goes, and nothing outside the blocks touched.
+TEST_CASE("isolated device: arena copies go in runs of adjacent blocks") {
+  using namespace atomr::cuda::detail;
+  constexpr std::size_t mib = std::size_t{1} << 20;
+  std::vector<std::byte> mem(8 * mib, std::byte{0xEE});
+  auto space = std::make_shared<arena_space>(worker_arena{nullptr, mem.data(), mem.size(), 1});
+  auto block = [&](std::size_t bytes) {
+    auto off = space->take(bytes);
+    REQUIRE(off);
+    return std::make_shared<arena_block>(space, *off, bytes);
+  };
+  // Held blocks at 0 and 2 MiB, a freed one between them: the transfer's
+  // blocks land at 1, 3, 4 and 5 MiB (first fit).
+  auto held0 = block(mib);
+  auto freed = block(mib);
+  auto held2 = block(mib);
+  CHECK(freed->offset() == mib);
+  freed.reset();
+  std::vector<std::shared_ptr<arena_block>> blocks{block(mib), block(mib), block(mib), block(mib)};
+  CHECK(blocks[0]->offset() == mib);
+  CHECK(blocks[1]->offset() == 3 * mib);
+  CHECK(blocks[2]->offset() == 4 * mib);
+  CHECK(blocks[3]->offset() == 5 * mib);
+  const std::size_t bytes = 3 * mib + 700;  // the last block only in part
+  std::vector<std::tuple<std::size_t, std::size_t, std::size_t>> runs;
+  for_each_run(blocks, bytes, [&](std::byte* where, std::size_t from, std::size_t n) {
+    runs.emplace_back(static_cast<std::size_t>(where - mem.data()), from, n);
+  });
+  using run = std::tuple<std::size_t, std::size_t, std::size_t>;
+  REQUIRE(runs.size() == 2);
+  CHECK(runs[0] == run{mib, 0, mib});
+  CHECK(runs[1] == run{3 * mib, mib, 2 * mib + 700});
+
+  // A round trip through them: bytes in, arena checked, bytes out.
+  std::vector<std::byte> in(bytes), out(bytes, std::byte{0});
+  for (std::size_t i = 0; i < bytes; ++i) in[i] = static_cast<std::byte>((i * 131 + 7) % 251);
+  for_each_run(blocks, bytes, [&](std::byte* where, std::size_t from, std::size_t n) {
+    std::memcpy(where, in.data() + from, n);
+  });
+  CHECK(std::memcmp(mem.data() + mib, in.data(), mib) == 0);
+  CHECK(std::memcmp(mem.data() + 3 * mib, in.data() + mib, 2 * mib + 700) == 0);
+  auto untouched = [&](std::size_t from, std::size_t to) {
+    return std::all_of(mem.begin() + static_cast<std::ptrdiff_t>(from),
+                       mem.begin() + static_cast<std::ptrdiff_t>(to),
+                       [](std::byte b) { return b == std::byte{0xEE}; });
+  };
+  CHECK(untouched(0, mib));                     // held0
+  CHECK(untouched(2 * mib, 3 * mib));           // held2
+  CHECK(untouched(5 * mib + 700, mem.size()));  // past the transfer's end
+  for_each_run(blocks, bytes, [&](std::byte* where, std::size_t from, std::size_t n) {
+    std::memcpy(out.data() + from, where, n);
+  });
+  CHECK(in == out);
+
+  // Fewer bytes than the first block holds: one run, that long.
+  runs.clear();
+  for_each_run(blocks, 100, [&](std::byte* where, std::size_t from, std::size_t n) {
+    runs.emplace_back(static_cast<std::size_t>(where - mem.data()), from, n);
+  });
+  REQUIRE(runs.size() == 1);
+  CHECK(runs[0] == run{mib, 0, 100});
+  blocks.clear();
+  held0.reset();
+  held2.reset();
+  CHECK(space->take(8 * mib) == std::optional<std::size_t>{0});  // all given back and merged
+}
