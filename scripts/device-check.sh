@@ -9,9 +9,25 @@
 # machine's build takes about 1 to 2.5 min, the suite about 75 s, the samples
 # 60 s, memcheck 200 to 300 s, the ASan stage about 330 s (H200, session 23):
 # split the whole check over two calls of at most 600 s.
+# CALL_LIMIT: the seconds one device call may run (600 there, less a margin);
+# memcheck's and ASan's timeouts are cut to what is left of it, and a stage
+# with less than a minute left is skipped with a line saying so, so that a
+# long call still ends with its logs packed (session 29's call A ran out of
+# its 600 s inside memcheck on a cold H100 and brought back nothing).
 set -u -o pipefail
 out=${OUT:-$PWD/device-out}
 mkdir -p "$out"
+call_limit=${CALL_LIMIT:-585}
+# The seconds left of the call for a stage wanting `$1`, or 0 (then say why).
+budget() {
+  local left=$((call_limit - SECONDS - 15))
+  if [ "$left" -lt 60 ]; then
+    echo "$2 left out: ${left} s left of the call's ${call_limit} (run it in a call of its own)" >&2
+    echo 0
+  elif [ "$left" -lt "$1" ]; then echo "$left"; else echo "$1"; fi
+}
+# The device tool brings back only a few files: the logs so far, in one.
+pack() { (cd "$out" && tar czf logs.tgz ./*.log 2>/dev/null); }
 build=${BUILD:-build-gpu}
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
 [ -d "$build" ] || meson setup "$build" --buildtype=release >"$out/setup.log" 2>&1 ||
@@ -55,15 +71,19 @@ fi
 # API errors are not counted: the tests provoke some on purpose (out of memory,
 # invalid launch) and assert them themselves; memcheck's job here is memory.
 if [ "${SANITIZE:-1}" = 1 ]; then
-  # shellcheck disable=SC2086  # SANITIZE_ARGS is a list of arguments
   # ATOMR_TEST_UNDER_SANITIZER: timing-dependent counts (how many units a
   # stress test managed to cancel) are reported, not asserted.
-  ATOMR_TEST_UNDER_SANITIZER=1 timeout "${SANITIZE_TIMEOUT:-200}" compute-sanitizer --tool memcheck --report-api-errors no --error-exitcode 99 \
-    "$build"/test/atomr_gpu_tests ${SANITIZE_ARGS:-} >"$out/sanitizer.log" 2>&1
-  rc=$?
-  summary=$(grep -m1 "ERROR SUMMARY" "$out/sanitizer.log" || echo "no ERROR SUMMARY line (timed out or crashed)")
-  echo "sanitizer rc=$rc: $summary"
-  grep -E "test cases:|assertions:|ERROR:|CRASHED|THREW" "$out/sanitizer.log" | head -20
+  pack
+  t=$(budget "${SANITIZE_TIMEOUT:-200}" memcheck)
+  if [ "$t" -gt 0 ]; then
+    # shellcheck disable=SC2086  # SANITIZE_ARGS is a list of arguments
+    ATOMR_TEST_UNDER_SANITIZER=1 timeout "$t" compute-sanitizer --tool memcheck --report-api-errors no --error-exitcode 99 \
+      "$build"/test/atomr_gpu_tests ${SANITIZE_ARGS:-} >"$out/sanitizer.log" 2>&1
+    rc=$?
+    summary=$(grep -m1 "ERROR SUMMARY" "$out/sanitizer.log" || echo "no ERROR SUMMARY line (timed out after ${t} s, or crashed)")
+    echo "sanitizer rc=$rc: $summary"
+    grep -E "test cases:|assertions:|ERROR:|CRASHED|THREW" "$out/sanitizer.log" | head -20
+  fi
 fi
 # The GPU tests (and the fault scenarios, one process each) built with
 # AddressSanitizer + UndefinedBehaviorSanitizer in a build dir of their own.
@@ -86,9 +106,13 @@ if [ "${ASAN:-1}" = 1 ]; then
     echo "asan build rc=$? warnings=$(grep -c 'warning:' "$out/asan-build.log")"
     asan_run() {
       local name=$1; shift
+      pack
+      local t
+      t=$(budget "${ASAN_TIMEOUT:-400}" "asan $name")
+      [ "$t" -gt 0 ] || return 0
       ATOMR_TEST_UNDER_SANITIZER=1 ASAN_OPTIONS=${ASAN_GPU_OPTIONS:-protect_shadow_gap=0:detect_leaks=0} \
         UBSAN_OPTIONS=${UBSAN_GPU_OPTIONS:-halt_on_error=1:print_stacktrace=1} \
-        timeout "${ASAN_TIMEOUT:-400}" "$@" >"$out/asan-$name.log" 2>&1
+        timeout "$t" "$@" >"$out/asan-$name.log" 2>&1
       local rc=$?
       echo "asan $name rc=$rc: asan errors=$(grep -c 'ERROR: AddressSanitizer' "$out/asan-$name.log")" \
         "ubsan errors=$(grep -c 'runtime error:' "$out/asan-$name.log")" \
@@ -104,5 +128,5 @@ if [ "${ASAN:-1}" = 1 ]; then
     done
   fi
 fi
-# The device tool brings back only a few files: pack the logs into one.
+# Pack the logs into one for the last time.
 (cd "$out" && tar czf logs.tgz --remove-files ./*.log 2>/dev/null)
