@@ -18,12 +18,16 @@
 # Usage: bench-service.sh BUILD_DIR OUT_DIR   (N, T, SECONDS_PER_RUN and LOAD_T,
 # atomr-load's io threads, from the environment: defaults 64, 4, 10 and 8; at 2
 # load threads the load generator was the limit on the H200 in session 24).
+# SERVE_ARGS: more arguments for the in-process atomr-serve runs (1 and 4),
+# e.g. "--strategy host_fn" or "--spin-us 100", to compare the service's
+# completion settings against the same unit.
 # Each load's JSON also gets the service's CPU per request (from /proc).
 # Exit status 69 without a usable GPU.
 set -u -o pipefail
 build=$1 out=$2
 n=${N:-64} threads=${T:-4} seconds=${SECONDS_PER_RUN:-10} load_threads=${LOAD_T:-8}
 threads2=${T2:-8}
+read -r -a serve_args <<<"${SERVE_ARGS:-}"
 mkdir -p "$out"
 build=$(realpath "$build") out=$(realpath "$out")
 cd "$(dirname "$0")/.." || exit 1
@@ -62,7 +66,7 @@ PY
   return "$r"
 }
 
-serve_start "$build/samples/atomr-serve" "$out/serve-inprocess.log" --threads "$threads"
+serve_start "$build/samples/atomr-serve" "$out/serve-inprocess.log" --threads "$threads" "${serve_args[@]}"
 load service_raw --wait-healthy 20 --seconds "$seconds" --raw
 [ "$rc" = 69 ] && { echo "bench-service: no usable GPU"; exit 69; }
 load service_json --seconds "$seconds"
@@ -78,7 +82,8 @@ stop
 
 if [ "$threads2" != 0 ]; then
   serve_threads=$threads2
-  serve_start "$build/samples/atomr-serve" "$out/serve-inprocess-t2.log" --threads "$threads2"
+  serve_start "$build/samples/atomr-serve" "$out/serve-inprocess-t2.log" --threads "$threads2" \
+    "${serve_args[@]}"
   load service_raw_t8 --wait-healthy 20 --seconds "$seconds" --raw
   stop
   "$build/bench/atomr-bench-pipeline" --variants serve_gemm --n "$n" --in-flight 64 \

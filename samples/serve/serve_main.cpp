@@ -21,7 +21,7 @@ void print_usage(std::FILE* to) {
       to,
       "Usage: %s [--address A] [--port P] [--threads N] [--device D] [--isolated]\n"
       "          [--test-faults] [--body-limit BYTES] [--read-timeout-ms MS]\n"
-      "          [--gpu-timeout-ms MS]\n"
+      "          [--gpu-timeout-ms MS] [--strategy S] [--spin-us US]\n"
       "\n"
       "An HTTP/1.1 service (Boost.Beast) on one io_context run by N threads; every\n"
       "request's GPU work goes through atomr::cuda:\n"
@@ -49,6 +49,10 @@ void print_usage(std::FILE* to) {
       "  --body-limit BYTES   largest request body (default 67108864): else 413\n"
       "  --read-timeout-ms MS a request must arrive within this (default 10000): else 408\n"
       "  --gpu-timeout-ms MS  longest GPU wait of one request (default 10000): else 504\n"
+      "  --strategy S         how GPU completion is detected: event_poll (default),\n"
+      "                       host_fn or blocking_sync\n"
+      "  --spin-us US         event_poll: re-check every turn of an io thread for this\n"
+      "                       long before backing off (default 1000)\n"
       "  --help               print this help and exit\n"
       "\n"
       "Exit status: 0 after a signal, 1 when it cannot listen, 64 bad command line.\n"
@@ -63,6 +67,7 @@ int main(int argc, char** argv) {
   int threads = 4;
   long long body_limit = static_cast<long long>(o.body_limit);
   long long read_ms = o.read_timeout.count(), gpu_ms = o.gpu_timeout.count();
+  long long spin_us = o.spin.count();
   int port = o.port;
   if (auto done = cli::options(prog, print_usage)
                       .text("--address", o.address)
@@ -74,12 +79,18 @@ int main(int argc, char** argv) {
                       .integer("--body-limit", body_limit, 1ll, 1ll << 34)
                       .integer("--read-timeout-ms", read_ms, 1ll, 3600000ll)
                       .integer("--gpu-timeout-ms", gpu_ms, 1ll, 3600000ll)
+                      .choice("--strategy", o.strategy,
+                              {{"event_poll", atomr::cuda::strategy::event_poll},
+                               {"host_fn", atomr::cuda::strategy::host_fn},
+                               {"blocking_sync", atomr::cuda::strategy::blocking_sync}})
+                      .integer("--spin-us", spin_us, 0ll, 1000000ll)
                       .parse(argc, argv))
     return *done;
   o.port = static_cast<unsigned short>(port);
   o.body_limit = static_cast<std::size_t>(body_limit);
   o.read_timeout = std::chrono::milliseconds(read_ms);
   o.gpu_timeout = std::chrono::milliseconds(gpu_ms);
+  o.spin = std::chrono::microseconds(spin_us);
 
   boost::asio::io_context ioc(threads);
   serve::service svc(ioc, o);
@@ -91,9 +102,12 @@ int main(int argc, char** argv) {
   signals.async_wait([&](boost::system::error_code ec, int) {
     if (!ec) svc.stop();
   });
-  std::printf("%s: listening on http://%s:%u (%d io threads, device %d%s%s)\n", prog.name,
-              o.address.c_str(), svc.port(), threads, o.device, o.isolated ? ", isolated" : "",
-              o.test_faults ? ", test faults on" : "");
+  std::string how = ", " + std::string(atomr::cuda::to_string(o.strategy));
+  if (o.strategy == atomr::cuda::strategy::event_poll)
+    how += " (spin " + std::to_string(o.spin.count()) + " us)";
+  std::printf("%s: listening on http://%s:%u (%d io threads, device %d%s%s%s)\n", prog.name,
+              o.address.c_str(), svc.port(), threads, o.device, how.c_str(),
+              o.isolated ? ", isolated" : "", o.test_faults ? ", test faults on" : "");
   std::fflush(stdout);
   // The io threads run until stop() has closed every connection and dropped
   // the GPU objects; a watcher then ends run().

@@ -548,6 +548,8 @@ struct service::impl : std::enable_shared_from_this<impl> {
 
   cuda::completion how() const {
     cuda::completion c;
+    c.kind = o.strategy;
+    c.spin = o.spin;
     c.timeout = o.gpu_timeout;
     return c;
   }

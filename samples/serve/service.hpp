@@ -47,6 +47,14 @@ struct options {
   std::chrono::milliseconds write_timeout{10000};
   /// The GPU work of one request: longer is 504 (the work goes on, parked).
   std::chrono::milliseconds gpu_timeout{10000};
+  /// How the GPU work's completion is detected (docs/guide.md, the
+  /// completion strategies): event_poll queries from the io threads,
+  /// host_fn and blocking_sync post the completion from the driver's or the
+  /// device's thread.
+  cuda::strategy strategy = cuda::strategy::event_poll;
+  /// event_poll: how long a wait is re-checked on every turn of an io
+  /// thread before it backs off to timer-driven checks.
+  std::chrono::microseconds spin{1000};
   std::int64_t max_gemm_dim = 4096;              ///< m, n and k each
   std::int64_t max_fft = std::int64_t{1} << 22;  ///< points
 };
