@@ -7,7 +7,8 @@
 # are symbolised on the machine that ran them (addr2line against BUILD_DIR's
 # binaries), so they need nothing copied back but the text.
 # Usage: profile-service.sh BUILD_DIR OUT_DIR
-#   N, T, SECONDS_PER_RUN, LOAD_T as in bench-service.sh (defaults 64, 4, 6, 8).
+#   N, T, SECONDS_PER_RUN, LOAD_T, SERVE_ARGS as in bench-service.sh (defaults
+#   64, 4, 6, 8, none).
 # Writes OUT_DIR/profile-serve.txt and OUT_DIR/profile-unit.txt (flat,
 # inclusive and per-thread profiles), the raw samples next to them, and the
 # load generator's summary (profile-serve-load.json). Without a usable GPU the
@@ -15,6 +16,7 @@
 set -u -o pipefail
 build=$1 out=$2
 n=${N:-64} threads=${T:-4} seconds=${SECONDS_PER_RUN:-6} load_threads=${LOAD_T:-8}
+read -r -a serve_args <<<"${SERVE_ARGS:-}"
 mkdir -p "$out"
 build=$(realpath "$build") out=$(realpath "$out")
 cd "$(dirname "$0")/.." || exit 1
@@ -45,7 +47,8 @@ report() {  # report SAMPLES REPORT
 
 # SAMPLER_OUT and LD_PRELOAD reach atomr-serve only (not the load generator).
 SAMPLER_OUT="$out/serve-samples.txt" LD_PRELOAD="$bins/sampler.so" \
-  serve_start "$build/samples/atomr-serve" "$out/profile-serve.log" --threads "$threads"
+  serve_start "$build/samples/atomr-serve" "$out/profile-serve.log" --threads "$threads" \
+  "${serve_args[@]}"
 "$build/samples/atomr-load" --port "$port" --connections 64 --threads "$load_threads" \
   --endpoint gemm --size "$n" --raw --check --quiet "${wait_healthy[@]}" --seconds "$seconds" \
   --json "$out/profile-serve-load.json"
