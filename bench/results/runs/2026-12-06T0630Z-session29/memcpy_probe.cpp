@@ -23,7 +23,10 @@ using clk = std::chrono::steady_clock;
 static const std::size_t N = std::size_t{256} << 20, piece = std::size_t{16} << 20;
 
 static void nt_sse2(std::byte* d, const std::byte* s, std::size_t n) {
-  while ((reinterpret_cast<std::uintptr_t>(d) & 15) && n) { *d++ = *s++; --n; }
+  while ((reinterpret_cast<std::uintptr_t>(d) & 15) && n) {
+    *d++ = *s++;
+    --n;
+  }
   std::size_t i = 0;
   for (; i + 64 <= n; i += 64) {
     __m128i a = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i));
@@ -38,8 +41,12 @@ static void nt_sse2(std::byte* d, const std::byte* s, std::size_t n) {
   _mm_sfence();
   std::memcpy(d + i, s + i, n - i);
 }
-__attribute__((target("avx2"))) static void nt_avx2(std::byte* d, const std::byte* s, std::size_t n) {
-  while ((reinterpret_cast<std::uintptr_t>(d) & 31) && n) { *d++ = *s++; --n; }
+__attribute__((target("avx2"))) static void nt_avx2(std::byte* d, const std::byte* s,
+                                                    std::size_t n) {
+  while ((reinterpret_cast<std::uintptr_t>(d) & 31) && n) {
+    *d++ = *s++;
+    --n;
+  }
   std::size_t i = 0;
   for (; i + 128 <= n; i += 128) {
     __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(s + i));
@@ -55,22 +62,30 @@ __attribute__((target("avx2"))) static void nt_avx2(std::byte* d, const std::byt
   std::memcpy(d + i, s + i, n - i);
 }
 
-static double run(const char* what, std::byte* dst, const std::byte* src, int mode, bool down = false) {
+static double run(const char* what, std::byte* dst, const std::byte* src, int mode,
+                  bool down = false) {
   std::vector<double> v;
   for (int i = 0; i < 8; ++i) {
     auto t0 = clk::now();
     auto* d = down ? const_cast<std::byte*>(src) : dst;
     const auto* s = down ? dst : src;
-    if (mode == 0) std::memcpy(d, s, N);
-    else if (mode == -1) for (std::size_t at = 0; at < N; at += piece) nt_sse2(d + at, s + at, piece);
-    else if (mode == -2) for (std::size_t at = 0; at < N; at += piece) nt_avx2(d + at, s + at, piece);
-    else if (mode == -4) for (std::size_t at = 0; at < N; at += 4 * piece) std::memcpy(d + at, s + at, 4 * piece);
-    else if (mode == -5) for (std::size_t at = 0; at < N; at += piece / 4) std::memcpy(d + at, s + at, piece / 4);
-    else if (mode == 1) for (std::size_t at = 0; at < N; at += piece) std::memcpy(d + at, s + at, piece);
+    if (mode == 0)
+      std::memcpy(d, s, N);
+    else if (mode == -1)
+      for (std::size_t at = 0; at < N; at += piece) nt_sse2(d + at, s + at, piece);
+    else if (mode == -2)
+      for (std::size_t at = 0; at < N; at += piece) nt_avx2(d + at, s + at, piece);
+    else if (mode == -4)
+      for (std::size_t at = 0; at < N; at += 4 * piece) std::memcpy(d + at, s + at, 4 * piece);
+    else if (mode == -5)
+      for (std::size_t at = 0; at < N; at += piece / 4) std::memcpy(d + at, s + at, piece / 4);
+    else if (mode == 1)
+      for (std::size_t at = 0; at < N; at += piece) std::memcpy(d + at, s + at, piece);
     else {
       std::vector<std::thread> th;
       const std::size_t part = N / mode;
-      for (int k = 0; k < mode; ++k) th.emplace_back([=] { std::memcpy(d + k * part, s + k * part, part); });
+      for (int k = 0; k < mode; ++k)
+        th.emplace_back([=] { std::memcpy(d + k * part, s + k * part, part); });
       for (auto& t : th) t.join();
     }
     double ms = std::chrono::duration<double, std::milli>(clk::now() - t0).count();
@@ -79,7 +94,14 @@ static double run(const char* what, std::byte* dst, const std::byte* src, int mo
   std::sort(v.begin(), v.end());
   double ms = v[v.size() / 2];
   std::printf("%-58s %s %-10s %7.2f ms %6.2f GB/s\n", what, down ? "from" : "into",
-              mode == 0 ? "one" : mode == 1 ? "16MiB" : mode == -1 ? "nt-sse2" : mode == -2 ? "nt-avx2" : mode == -4 ? "64MiB" : mode == -5 ? "4MiB" : (std::to_string(mode) + "thr").c_str(), ms, N / ms / 1e6);
+              mode == 0    ? "one"
+              : mode == 1  ? "16MiB"
+              : mode == -1 ? "nt-sse2"
+              : mode == -2 ? "nt-avx2"
+              : mode == -4 ? "64MiB"
+              : mode == -5 ? "4MiB"
+                           : (std::to_string(mode) + "thr").c_str(),
+              ms, N / ms / 1e6);
   return ms;
 }
 
@@ -92,8 +114,10 @@ static std::string cat(const char* p) {
 
 int main() {
   std::printf("avx2: %d\n", __builtin_cpu_supports("avx2"));
-  std::printf("THP enabled: %s\nTHP shmem: %s\nnr_hugepages: %s\n", cat("/sys/kernel/mm/transparent_hugepage/enabled").c_str(),
-              cat("/sys/kernel/mm/transparent_hugepage/shmem_enabled").c_str(), cat("/proc/sys/vm/nr_hugepages").c_str());
+  std::printf("THP enabled: %s\nTHP shmem: %s\nnr_hugepages: %s\n",
+              cat("/sys/kernel/mm/transparent_hugepage/enabled").c_str(),
+              cat("/sys/kernel/mm/transparent_hugepage/shmem_enabled").c_str(),
+              cat("/proc/sys/vm/nr_hugepages").c_str());
   std::vector<std::byte> src(N, std::byte{3});
   auto fresh_shm = [](const char* name, bool huge, bool touch) {
     ipc::shared_memory_object::remove(name);
@@ -113,29 +137,39 @@ int main() {
     madvise(p, N, MADV_HUGEPAGE);
     std::memset(p, 0, N);
     run("aligned_alloc 2 MiB + MADV_HUGEPAGE, touched", static_cast<std::byte*>(p), src.data(), 0);
-    run("aligned_alloc 2 MiB + MADV_HUGEPAGE, touched", static_cast<std::byte*>(p), src.data(), 0, true);
+    run("aligned_alloc 2 MiB + MADV_HUGEPAGE, touched", static_cast<std::byte*>(p), src.data(), 0,
+        true);
     std::free(p);
   }
   void* pinned = nullptr;
   if (cudaHostAlloc(&pinned, N, cudaHostAllocDefault) == cudaSuccess) {
-    for (int m : {0, 1, 2, 4, -1, -2}) run("cudaHostAlloc", static_cast<std::byte*>(pinned), src.data(), m);
+    for (int m : {0, 1, 2, 4, -1, -2})
+      run("cudaHostAlloc", static_cast<std::byte*>(pinned), src.data(), m);
     run("cudaHostAlloc", static_cast<std::byte*>(pinned), src.data(), 0, true);
     cudaFreeHost(pinned);
-  } else std::printf("cudaHostAlloc failed\n");
+  } else
+    std::printf("cudaHostAlloc failed\n");
   {
     auto* r = fresh_shm("/atomr-probe-a", false, true);
-    for (int m : {0, 1, 2, 4, -1, -2, -4, -5}) run("shm (interprocess), touched", static_cast<std::byte*>(r->get_address()), src.data(), m);
-    run("shm (interprocess), touched", static_cast<std::byte*>(r->get_address()), src.data(), 0, true);
-    run("shm (interprocess), touched", static_cast<std::byte*>(r->get_address()), src.data(), 1, true);
-    run("shm (interprocess), touched", static_cast<std::byte*>(r->get_address()), src.data(), -1, true);
+    for (int m : {0, 1, 2, 4, -1, -2, -4, -5})
+      run("shm (interprocess), touched", static_cast<std::byte*>(r->get_address()), src.data(), m);
+    run("shm (interprocess), touched", static_cast<std::byte*>(r->get_address()), src.data(), 0,
+        true);
+    run("shm (interprocess), touched", static_cast<std::byte*>(r->get_address()), src.data(), 1,
+        true);
+    run("shm (interprocess), touched", static_cast<std::byte*>(r->get_address()), src.data(), -1,
+        true);
     // The worker's view: a second mapping of the object, registered.
     ipc::shared_memory_object shm(ipc::open_only, "/atomr-probe-a", ipc::read_write);
     ipc::mapped_region w(shm, ipc::read_write);
     auto e = cudaHostRegister(w.get_address(), N, cudaHostRegisterDefault);
     std::printf("cudaHostRegister of a second mapping: %s\n", cudaGetErrorString(e));
-    run("shm, another mapping registered", static_cast<std::byte*>(r->get_address()), src.data(), 0);
-    run("shm, another mapping registered", static_cast<std::byte*>(r->get_address()), src.data(), 0, true);
-    run("shm, the registered mapping itself", static_cast<std::byte*>(w.get_address()), src.data(), 0);
+    run("shm, another mapping registered", static_cast<std::byte*>(r->get_address()), src.data(),
+        0);
+    run("shm, another mapping registered", static_cast<std::byte*>(r->get_address()), src.data(), 0,
+        true);
+    run("shm, the registered mapping itself", static_cast<std::byte*>(w.get_address()), src.data(),
+        0);
     if (e == cudaSuccess) cudaHostUnregister(w.get_address());
     delete r;
     ipc::shared_memory_object::remove("/atomr-probe-a");
