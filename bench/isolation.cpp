@@ -22,6 +22,7 @@
 #include <memory>
 #include <optional>
 #include <span>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -39,7 +40,7 @@ struct options {
   int device = 0;
   std::size_t rings = 0;    // 0: isolation_options' default
   long reply_spin_us = -1;  // -1: isolation_options' default
-  std::string worker_arg;   // one more argument for the worker
+  std::string worker_arg;   // more arguments for the worker, separated by spaces
   std::string json;
   std::vector<std::string> parts{"latency", "throughput", "pipeline", "bandwidth", "recovery"};
 };
@@ -60,7 +61,8 @@ result<side> make_side(asio::io_context& ioc, int ordinal, bool isolated, const 
     if (bo.rings != 0) o.isolation.rings = bo.rings;
     if (bo.reply_spin_us >= 0) o.isolation.reply_spin = std::chrono::microseconds(bo.reply_spin_us);
     o.isolation.worker_args = {"--test-faults"};  // the recovery part injects faults
-    if (!bo.worker_arg.empty()) o.isolation.worker_args.push_back(bo.worker_arg);
+    std::istringstream more(bo.worker_arg);
+    for (std::string w; more >> w;) o.isolation.worker_args.push_back(w);
     o.isolation.budget.max_restarts = 20;
   }
   side s;
@@ -316,8 +318,8 @@ int usage(const char* why) {
                "The isolated device against the in-process one in the same run. Parts:\n"
                "latency, throughput, pipeline, bandwidth, recovery (default: all). --rings: the\n"
                "isolated device's request rings, --reply-spin: its reply_spin in us (default:\n"
-               "isolation_options'); --worker-arg: one more argument for the worker (e.g.\n"
-               "--ring-io-poll).\n",
+               "isolation_options'); --worker-arg: more arguments for the worker, separated by\n"
+               "spaces (e.g. \"--ring-io-poll --threads 1\").\n",
                prog);
   return why ? 64 : 0;
 }

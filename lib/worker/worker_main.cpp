@@ -9,17 +9,24 @@
 // meant to be started by hand.
 //
 // Usage: atomr-cuda-worker --socket NAME [--ordinal N] [--arena NAME --arena-bytes N
-//                          --rings N] [--threads N] [--ring-io-poll] [--no-cuda]
-//                          [--test-faults]
+//                          --rings N] [--threads N] [--no-ring-io-poll] [--io-spin US]
+//                          [--no-cuda] [--test-faults]
 //   --arena        a POSIX shared memory object the service made: the request
 //                  rings (--rings of them), then the arena of --arena-bytes
 //                  (the bulk data path, registered with cudaHostRegister)
-//   --threads      threads running the worker's io_context (default 4)
-//   --ring-io-poll a ring thread with requests in flight also runs the
-//                  worker io_context's handlers between its own (the
-//                  device's completion polling runs there: docs/design.md,
-//                  "The request rings"). Off by default until measured on a
-//                  GPU (atomr-bench-isolation --worker-arg=--ring-io-poll)
+//   --threads      threads running the worker's io_context (default 1: the
+//                  ring threads run its handlers too, below; more threads
+//                  sleeping in it are woken by every post and were slower)
+//   --no-ring-io-poll  a ring thread runs only its own requests' handlers.
+//                  By default a ring thread with requests in flight also runs
+//                  the worker io_context's handlers between its own: the
+//                  device's completion polling runs there, so an operation's
+//                  completion is found without waking a sleeping thread
+//                  (docs/design.md, "The request rings"; measured in
+//                  docs/performance.md, "Isolated device")
+//   --io-spin      the io_context's threads keep looking for handlers for
+//                  this many microseconds after the last one ran before they
+//                  sleep (default 0: they sleep at once). 0 to 10000
 //   --no-cuda      do not touch CUDA (the hello reports device_unavailable):
 //                  for the supervision tests on machines without a GPU
 //   --test-faults  accept fault injection (tests only): abort, SIGKILL, hang,
@@ -51,6 +58,7 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <complex>
 #include <chrono>
@@ -83,8 +91,9 @@ struct args {
   std::uint64_t arena_bytes = 0;
   std::size_t rings = 0;
   int ordinal = 0;
-  int threads = 4;
-  bool ring_io_poll = false;
+  int threads = 1;
+  bool ring_io_poll = true;
+  std::chrono::microseconds io_spin{0};
   bool no_cuda = false;
   bool test_faults = false;
 };
@@ -93,10 +102,32 @@ int usage(const char* why) {
   std::fprintf(stderr,
                "atomr-cuda-worker: %s\n"
                "usage: atomr-cuda-worker --socket NAME [--ordinal N] [--arena NAME --arena-bytes "
-               "N --rings N] [--threads N] [--ring-io-poll] [--no-cuda] [--test-faults]\n"
+               "N --rings N] [--threads N] [--no-ring-io-poll] [--io-spin US] [--no-cuda] "
+               "[--test-faults]\n"
                "(started by an isolated atomr::cuda::device; not meant to be run by hand)\n",
                why);
   return 64;
+}
+
+/// Runs `io` until it stops, like io.run(); with `spin`, a thread that ran
+/// a handler keeps looking for the next one for `spin` before it blocks.
+void run_io(asio::io_context& io, std::chrono::microseconds spin) {
+  if (spin.count() == 0) {
+    io.run();
+    return;
+  }
+  using clock = std::chrono::steady_clock;
+  auto last = clock::now();
+  while (!io.stopped()) {
+    if (io.poll_one()) {
+      last = clock::now();
+    } else if (clock::now() - last < spin) {
+      cu::detail::cpu_relax();
+    } else {
+      io.run_one();
+      last = clock::now();
+    }
+  }
 }
 
 [[noreturn]] void inject(wire::fault_kind f) {
@@ -758,10 +789,10 @@ private:
   /// some within `idle_spin`; with requests in flight and nothing new for
   /// `busy_spin`, it naps in short waits for their completions; idle, it
   /// sleeps on the ring's semaphore, which a service thread posts. With
-  /// --ring-io-poll and requests in flight it also runs a handler of the
-  /// worker's io_context per turn: the device's completion polling runs
-  /// there, and a handler posted by this thread's launch may otherwise wait
-  /// for a sleeping io thread to wake up.
+  /// requests in flight it also runs a handler of the worker's io_context
+  /// per turn (unless --no-ring-io-poll): the device's completion polling
+  /// runs there, and a handler posted by this thread's launch may otherwise
+  /// wait for a sleeping io thread to wake up.
   void ring_loop(std::size_t r) {
     using clock = std::chrono::steady_clock;
     constexpr auto idle_spin = std::chrono::microseconds(200);
@@ -844,8 +875,12 @@ int main(int argc, char** argv) {
       a.ordinal = std::atoi(argv[++i]);
     else if (s == "--threads" && i + 1 < argc)
       a.threads = std::max(1, std::atoi(argv[++i]));
-    else if (s == "--ring-io-poll")
+    else if (s == "--ring-io-poll")  // the default; kept for older command lines
       a.ring_io_poll = true;
+    else if (s == "--no-ring-io-poll")
+      a.ring_io_poll = false;
+    else if (s == "--io-spin" && i + 1 < argc)
+      a.io_spin = std::chrono::microseconds(std::clamp(std::atol(argv[++i]), 0L, 10000L));
     else if (s == "--no-cuda")
       a.no_cuda = true;
     else if (s == "--test-faults")
@@ -875,8 +910,8 @@ int main(int argc, char** argv) {
   asio::co_spawn(io, w.read_loop(), asio::detached);
   std::vector<std::thread> more;
   w.start_rings(more);
-  for (int i = 1; i < a.threads; ++i) more.emplace_back([&] { io.run(); });
-  io.run();
+  for (int i = 1; i < a.threads; ++i) more.emplace_back([&] { run_io(io, a.io_spin); });
+  run_io(io, a.io_spin);
   for (auto& t : more) t.join();
   return 0;
 }
