@@ -399,10 +399,13 @@ TEST_CASE_FIXTURE(worker_fixture,
                   "completes replies itself; with reply_spin 0 only the reader does") {
   for (const auto spin : {std::chrono::microseconds(200), std::chrono::microseconds(0)}) {
     CAPTURE(spin.count());
-    // The first round also takes the worker's other ring loop (its ring
-    // threads then run the io_context's handlers too).
-    auto o =
-        spin.count() != 0 ? options({"--no-cuda", "--test-faults", "--ring-io-poll"}) : options();
+    // The first round runs the worker's defaults (its ring threads run the
+    // io_context's handlers too, one io thread of its own); the second its
+    // other settings: ring threads that do not, and three io threads that
+    // keep looking for handlers for 100 us after each (--io-spin).
+    auto o = spin.count() != 0 ? options()
+                               : options({"--no-cuda", "--test-faults", "--no-ring-io-poll",
+                                          "--threads", "3", "--io-spin", "100"});
     o.arena_bytes = test_arena;
     o.reply_spin = spin;
     auto w = start(o);
@@ -441,7 +444,10 @@ TEST_CASE_FIXTURE(worker_fixture,
       // takes most; a loaded machine's scheduling decides how many).
       CHECK(st.io_replies > 0);
     }
+    const int pid = st.pid;
     stop_and_wait(w);
+    CHECK(pid_gone(pid));
+    CHECK(count(worker_state::failed) == 0);  // it exited when asked, on either setting
   }
 }
 
