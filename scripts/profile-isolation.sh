@@ -1,19 +1,23 @@
 #!/usr/bin/env bash
-# Where an isolated device's latency goes: atomr-bench-isolation --parts
-# latency under bench/tools/sampler.cpp, the service process and its worker
-# each profiled, once with the defaults and once with the worker's
-# --ring-io-poll. The worker is killed (SIGKILL) when the device closes, so
-# the sampler rewrites its file every half second (SAMPLER_WRITE_EVERY_S):
-# that writer is a thread of each process, seen in the reports as one whose
-# frames are in write_samples (leave it out when reading the shares).
-# The reports are symbolised on the machine that ran them.
+# Where an isolated device's time goes: atomr-bench-isolation (its latency
+# part by default) under bench/tools/sampler.cpp, the service process and
+# its worker each profiled, once with the worker's defaults (one io thread,
+# the ring threads running its handlers) and once with its settings before
+# session 30 (--no-ring-io-poll --threads 4). The worker is killed (SIGKILL)
+# when the device closes, so the sampler rewrites its file every half second
+# (SAMPLER_WRITE_EVERY_S): that writer is a thread of each process, seen in
+# the reports as one whose frames are in write_samples (leave it out when
+# reading the shares). The reports are symbolised on the machine that ran
+# them.
 # Usage: profile-isolation.sh BUILD_DIR OUT_DIR   (REPS, default 20000: the
-#   latency part's repetitions of fill4 and sgemm 256; sgemm 1024 a fifth)
-# Writes OUT_DIR/profile-{default,ring-io-poll}-{service,worker}.txt, the
-# benchmark's lines ({default,ring-io-poll}.log) and the raw samples.
+#   latency part's repetitions of fill4 and sgemm 256; sgemm 1024 a fifth;
+#   PARTS, default latency: e.g. PARTS=throughput SECONDS_PER_PART=3 for the
+#   T = 1 and T = 8 throughput rows, each part run that many seconds)
+# Writes OUT_DIR/profile-{default,old}-{service,worker}.txt, the benchmark's
+# lines ({default,old}.log) and the raw samples.
 set -u -o pipefail
 build=$1 out=$2
-reps=${REPS:-20000}
+reps=${REPS:-20000} parts=${PARTS:-latency} seconds=${SECONDS_PER_PART:-2}
 mkdir -p "$out"
 build=$(realpath "$build") out=$(realpath "$out")
 cd "$(dirname "$0")/.." || exit 1
@@ -28,17 +32,17 @@ for f in "$build"/libatomr-accel-cuda.so* "$build/atomr-cuda-worker" \
 done
 
 rc=0
-for mode in default ring-io-poll; do
+for mode in default old; do
   args=()
-  [ "$mode" = ring-io-poll ] && args=(--worker-arg=--ring-io-poll)
+  [ "$mode" = old ] && args=(--worker-arg="--no-ring-io-poll --threads 4")
   rm -f "$out/$mode"-*.samples
   # The preload after `timeout` (else timeout's own exit would write a file).
   timeout 300 env SAMPLER_OUT="$out/$mode-%p.samples" SAMPLER_WRITE_EVERY_S=0.5 \
-    LD_PRELOAD="$bins/sampler.so" "$build/bench/atomr-bench-isolation" --parts latency \
-    --reps "$reps" "${args[@]}" >"$out/$mode.log" 2>&1
+    LD_PRELOAD="$bins/sampler.so" "$build/bench/atomr-bench-isolation" --parts "$parts" \
+    --reps "$reps" --seconds "$seconds" "${args[@]}" >"$out/$mode.log" 2>&1
   r=$?
   echo "$mode: atomr-bench-isolation rc=$r"
-  grep '^latency' "$out/$mode.log"
+  grep -E '^(latency|throughput)' "$out/$mode.log"
   [ "$r" = 0 ] || { rc=$r; continue; }
   for f in "$out/$mode"-*.samples; do
     [ -s "$f" ] || continue
