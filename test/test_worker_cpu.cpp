@@ -15,6 +15,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <array>
 #include <atomic>
 #include <cerrno>
@@ -815,6 +816,83 @@ TEST_CASE_FIXTURE(worker_fixture,
   CHECK(nested.by_code[errc::invalid_argument] == 1);
   CHECK(w->statistics().ring_calls == 4);  // all four on the rings
   stop_and_wait(w);
+}
+
+TEST_CASE_FIXTURE(worker_fixture,
+                  "worker stress: calls from four threads while the worker aborts, kills itself "
+                  "and exits, one fault after another: every call answered exactly once, "
+                  "nothing pending, no process or shared memory left") {
+  auto o = options();
+  o.arena_bytes = test_arena;
+  o.budget.max_restarts = 1000;  // every fault is restarted
+  auto w = start(o);
+  REQUIRE(run_until([&] { return running_incarnation(w, 1); }));
+  constexpr std::size_t threads = 4, most = 100000;     // calls a thread makes at most
+  std::vector<std::atomic<int>> times(threads * most);  // answers per call
+  std::array<std::atomic<std::size_t>, threads> made{};
+  answers got;
+  std::atomic<bool> enough{false};
+  const auto deadline = std::chrono::steady_clock::now() + 60s;
+  std::vector<std::thread> callers;
+  for (std::size_t t = 0; t < threads; ++t)
+    callers.emplace_back([&, t] {
+      for (std::size_t i = 0; i < most && !enough.load(); ++i) {
+        const std::size_t k = t * most + i;
+        auto count = got.fn();
+        w->call(static_cast<std::uint16_t>(wire::op_code::copy), copy_payload(k), deadline, 0,
+                [&times, k, count](result<std::vector<char>> r) {
+                  times[k].fetch_add(1);
+                  count(std::move(r));
+                });
+        made[t] = i + 1;
+        if (i % 20 == 19) std::this_thread::sleep_for(1ms);
+      }
+    });
+  // Six faults, each once the worker before it is running again, while the
+  // calls go on (the io_context runs here meanwhile).
+  const wire::fault_kind kinds[] = {wire::fault_kind::abort_process, wire::fault_kind::kill_self,
+                                    wire::fault_kind::exit_cleanly};
+  constexpr std::uint64_t faults = 6;
+  for (std::uint64_t f = 0; f < faults; ++f) {
+    REQUIRE(run_until([&] { return running_incarnation(w, f + 1); }));
+    run_until([] { return false; }, 20ms);  // calls flow to this worker for a while
+    w->inject_fault(static_cast<std::uint16_t>(kinds[f % 3]));
+  }
+  REQUIRE(run_until([&] { return running_incarnation(w, faults + 1); }));
+  run_until([] { return false; }, 20ms);
+  enough = true;
+  for (auto& c : callers) c.join();
+  std::size_t total = 0;
+  for (const auto& m : made) total += m.load();
+  REQUIRE(run_until([&] { return got.count() == total; }));
+  run_until([] { return false; }, 50ms);  // a second answer would show here
+  CHECK(got.count() == total);
+  std::size_t not_once = 0;
+  for (std::size_t t = 0; t < threads; ++t)
+    for (std::size_t i = 0; i < most; ++i)
+      not_once += times[t * most + i].load() != (i < made[t].load() ? 1 : 0);
+  CHECK(not_once == 0);
+  // The worker has no device: it answers device_unavailable; calls it had
+  // not answered when it died fail with context_poisoned, and those made
+  // while no worker ran with device_unavailable.
+  CHECK(got.ok == 0);
+  CHECK(got.by_code[errc::device_unavailable] + got.by_code[errc::context_poisoned] == total);
+  const auto st = w->statistics();
+  CHECK(st.calls_pending == 0);
+  CHECK(st.restarts == faults);
+  CHECK(count(worker_state::failed) == faults);
+  stop_and_wait(w);
+  std::vector<int> pids;
+  {
+    std::lock_guard lk(mu);
+    for (const auto& e : events)
+      if (e.pid > 0 && std::find(pids.begin(), pids.end(), e.pid) == pids.end())
+        pids.push_back(e.pid);
+  }
+  CHECK(pids.size() == faults + 1);
+  // Reaped by the supervisor: no zombie (a zombie still answers kill(pid, 0)).
+  for (int p : pids) CHECK(pid_gone(p));
+  CHECK(shm_entries() == 0);
 }
 
 TEST_CASE_FIXTURE(worker_fixture, "worker: a missing executable fails at once") {
