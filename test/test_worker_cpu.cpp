@@ -819,8 +819,8 @@ TEST_CASE_FIXTURE(worker_fixture,
 }
 
 TEST_CASE_FIXTURE(worker_fixture,
-                  "worker stress: calls from four threads while the worker aborts, kills itself "
-                  "and exits, one fault after another: every call answered exactly once, "
+                  "worker stress: calls from four threads while the worker aborts, kills itself, "
+                  "exits and hangs, one fault after another: every call answered exactly once, "
                   "nothing pending, no process or shared memory left") {
   auto o = options();
   o.arena_bytes = test_arena;
@@ -848,15 +848,17 @@ TEST_CASE_FIXTURE(worker_fixture,
         if (i % 20 == 19) std::this_thread::sleep_for(1ms);
       }
     });
-  // Six faults, each once the worker before it is running again, while the
-  // calls go on (the io_context runs here meanwhile).
+  // Eight faults, each once the worker before it is running again, while
+  // the calls go on (the io_context runs here meanwhile). A hung worker
+  // (its socket thread stops; its ring threads still answer) is killed
+  // when its heartbeats stop, after heartbeat_timeout.
   const wire::fault_kind kinds[] = {wire::fault_kind::abort_process, wire::fault_kind::kill_self,
-                                    wire::fault_kind::exit_cleanly};
-  constexpr std::uint64_t faults = 6;
+                                    wire::fault_kind::exit_cleanly, wire::fault_kind::hang};
+  constexpr std::uint64_t faults = 8;
   for (std::uint64_t f = 0; f < faults; ++f) {
     REQUIRE(run_until([&] { return running_incarnation(w, f + 1); }));
     run_until([] { return false; }, 20ms);  // calls flow to this worker for a while
-    w->inject_fault(static_cast<std::uint16_t>(kinds[f % 3]));
+    w->inject_fault(static_cast<std::uint16_t>(kinds[f % 4]));
   }
   REQUIRE(run_until([&] { return running_incarnation(w, faults + 1); }));
   run_until([] { return false; }, 20ms);
@@ -873,10 +875,12 @@ TEST_CASE_FIXTURE(worker_fixture,
       not_once += times[t * most + i].load() != (i < made[t].load() ? 1 : 0);
   CHECK(not_once == 0);
   // The worker has no device: it answers device_unavailable; calls it had
-  // not answered when it died fail with context_poisoned, and those made
-  // while no worker ran with device_unavailable.
+  // not answered when it died fail with context_poisoned (timeout when it
+  // hung), and those made while no worker ran with device_unavailable.
   CHECK(got.ok == 0);
-  CHECK(got.by_code[errc::device_unavailable] + got.by_code[errc::context_poisoned] == total);
+  CHECK(got.by_code[errc::device_unavailable] + got.by_code[errc::context_poisoned] +
+            got.by_code[errc::timeout] ==
+        total);
   const auto st = w->statistics();
   CHECK(st.calls_pending == 0);
   CHECK(st.restarts == faults);
