@@ -16,7 +16,9 @@
 #include <sys/socket.h>
 #include <sys/time.h>
 
+#include <atomic>
 #include <chrono>
+#include <filesystem>
 #include <cstdlib>
 #include <numeric>
 #include <string>
@@ -233,6 +235,110 @@ TEST_CASE_FIXTURE(serve_fixture,
   }
   client again(svc->port());
   CHECK(again.send(http::verb::get, "/metrics").result_int() == 200);
+}
+
+namespace {
+/// Descriptors this process has open now.
+std::size_t open_fds() {
+  std::size_t n = 0;
+  std::error_code ec;
+  for (auto it = std::filesystem::directory_iterator("/proc/self/fd", ec);
+       !ec && it != std::filesystem::directory_iterator(); it.increment(ec))
+    ++n;
+  return n;
+}
+/// Closes the client's socket with a reset (SO_LINGER 0), not a FIN.
+void reset(client& c) {
+  linger l{1, 0};
+  ::setsockopt(c.s.native_handle(), SOL_SOCKET, SO_LINGER, &l, sizeof l);
+  boost::system::error_code ec;
+  c.s.close(ec);
+}
+}  // namespace
+
+TEST_CASE_FIXTURE(serve_fixture,
+                  "atomr-serve under churn: 8 client threads open, use, abandon and reset "
+                  "connections at random; every answer as specified, then no connection or "
+                  "descriptor left and the service still answers") {
+  if (o.device != 99) return;  // the answers below are those of a missing device
+  const std::size_t fds_before = open_fds();
+  constexpr int threads = 8, per_thread = 300;
+  // A raw gemm 8 x 8 x 8 (512 bytes of body, under the fixture's 4096 limit).
+  const std::string gemm_raw(2 * 8 * 8 * sizeof(float), '\0');
+  std::atomic<int> wrong{0}, answered{0}, opened{0};
+  std::vector<std::thread> clients;
+  for (int t = 0; t < threads; ++t)
+    clients.emplace_back([&, t] {
+      std::uint32_t x = 0x9e3779b9u * static_cast<std::uint32_t>(t + 1);
+      auto next = [&x] {  // xorshift32
+        x ^= x << 13;
+        x ^= x >> 17;
+        x ^= x << 5;
+        return x;
+      };
+      for (int i = 0; i < per_thread; ++i) {
+        try {
+          client c(svc->port());
+          ++opened;
+          const std::uint32_t what = next() % 5;
+          if (what == 0) {  // a keep-alive connection with three requests
+            wrong += c.send(http::verb::get, "/health").result_int() != 503;
+            auto g =
+                c.send(http::verb::post, "/v1/gemm", gemm_raw, "application/octet-stream", "8,8,8");
+            wrong += g.result_int() != 503 ||
+                     g.body().find("\"code\":\"device_unavailable\"") == std::string::npos;
+            wrong += c.send(http::verb::get, "/metrics").result_int() != 200;
+            answered += 3;
+          } else if (what == 1) {  // half a body, then a reset
+            const std::string head =
+                "POST /v1/gemm HTTP/1.1\r\nHost: x\r\nContent-Type: application/octet-stream\r\n"
+                "X-Shape: 8,8,8\r\nContent-Length: 512\r\n\r\n";
+            asio::write(c.s, asio::buffer(head + gemm_raw.substr(0, next() % 512)));
+            reset(c);
+          } else if (what == 2) {  // connect, then go
+            if (next() % 2) reset(c);
+          } else if (what == 3) {  // a whole request, gone before its answer
+            http::request<http::string_body> req{http::verb::post, "/v1/gemm", 11};
+            req.set(http::field::host, "127.0.0.1");
+            req.set(http::field::content_type, "application/octet-stream");
+            req.set("X-Shape", "8,8,8");
+            req.body() = gemm_raw;
+            req.prepare_payload();
+            http::write(c.s, req);
+            reset(c);
+          } else {  // not HTTP: 400, and the service closes the connection
+            asio::write(c.s, asio::buffer(std::string("NOT HTTP AT ALL\r\n\r\n")));
+            auto res = c.read();
+            wrong += res.result_int() != 400 || res.keep_alive();
+            ++answered;
+            beast::flat_buffer b;
+            http::response<http::string_body> more;
+            boost::system::error_code ec;
+            http::read(c.s, b, more, ec);
+            wrong += !ec;  // closed by the service after its 400
+          }
+        } catch (const std::exception& e) {
+          ++wrong;
+          MESSAGE("client " << t << ", connection " << i << ": " << e.what());
+        }
+      }
+    });
+  for (auto& c : clients) c.join();
+  CHECK(wrong.load() == 0);
+  // The service lets go of every connection (a reset or an end of stream
+  // ends its read; one that sent half a request ends by the reset, not by
+  // the read timeout).
+  const auto limit = std::chrono::steady_clock::now() + 10s;
+  while ((svc->stats().open_connections != 0 || open_fds() > fds_before) &&
+         std::chrono::steady_clock::now() < limit)
+    std::this_thread::sleep_for(5ms);
+  const auto st = svc->stats();
+  CHECK(st.open_connections == 0);
+  CHECK(st.connections == static_cast<std::uint64_t>(opened.load()));
+  CHECK(open_fds() == fds_before);
+  CHECK(st.requests >= static_cast<std::uint64_t>(answered.load()));
+  client after(svc->port());
+  CHECK(after.send(http::verb::get, "/health").result_int() == 503);
 }
 
 TEST_CASE("atomr-serve: stop() closes open connections and lets the io_context run out of work") {
