@@ -43,6 +43,7 @@ struct options {
   std::string worker_arg;   // more arguments for the worker, separated by spaces
   std::string json;
   std::vector<std::string> parts{"latency", "throughput", "pipeline", "bandwidth", "recovery"};
+  std::vector<int> threads{1, 8};  // the throughput part's io thread counts
 };
 
 using bench::run_one;
@@ -314,12 +315,13 @@ int usage(const char* why) {
   if (why) std::fprintf(stderr, "%s: %s\n", prog, why);
   std::fprintf(why ? stderr : stdout,
                "usage: %s [--reps N] [--seconds S] [--parts LIST] [--device D] [--rings N]\n"
-               "       [--reply-spin US] [--worker-arg ARG] [--json FILE]\n"
+               "       [--reply-spin US] [--worker-arg ARG] [--io-threads LIST] [--json FILE]\n"
                "The isolated device against the in-process one in the same run. Parts:\n"
                "latency, throughput, pipeline, bandwidth, recovery (default: all). --rings: the\n"
                "isolated device's request rings, --reply-spin: its reply_spin in us (default:\n"
                "isolation_options'); --worker-arg: more arguments for the worker, separated by\n"
-               "spaces (e.g. \"--ring-io-poll --threads 1\").\n",
+               "spaces (e.g. \"--ring-io-poll --threads 1\"); --io-threads: the throughput\n"
+               "part's io thread counts (default 1,8).\n",
                prog);
   return why ? 64 : 0;
 }
@@ -333,7 +335,7 @@ int main(int argc, char** argv) {
   options o;
   for (const auto& [k, v] : a.kv)
     if (k != "reps" && k != "seconds" && k != "device" && k != "json" && k != "parts" &&
-        k != "rings" && k != "reply-spin" && k != "worker-arg")
+        k != "rings" && k != "reply-spin" && k != "worker-arg" && k != "io-threads")
       return usage(("unknown option --" + k).c_str());
   o.reps = static_cast<int>(a.num("reps", o.reps));
   o.device = static_cast<int>(a.num("device", o.device));
@@ -351,6 +353,16 @@ int main(int argc, char** argv) {
       if (c == std::string::npos) break;
       at = c + 1;
     }
+  }
+  if (a.has("io-threads")) {
+    o.threads.clear();
+    std::istringstream list(a.get("io-threads"));
+    for (std::string t; std::getline(list, t, ',');) {
+      const int v = std::atoi(t.c_str());
+      if (v < 1 || v > 64) return usage("--io-threads wants a list of 1..64, e.g. 1,8");
+      o.threads.push_back(v);
+    }
+    if (o.threads.empty()) return usage("--io-threads wants a list of 1..64, e.g. 1,8");
   }
   if (o.reps < 10 || o.reps > 1000000) return usage("--reps wants 10..1000000");
   if (!(o.seconds > 0 && o.seconds <= 60)) return usage("--seconds wants (0, 60]");
@@ -409,7 +421,7 @@ int main(int argc, char** argv) {
   }
   if (want("throughput")) {
     for (int n : {64, 256})
-      for (int t : {1, 8}) {
+      for (int t : o.threads) {
         const double in = throughput(ioc, *sides[0], n, t, o.seconds);
         const double is = throughput(ioc, *sides[1], n, t, o.seconds);
         row("throughput", "sgemm" + std::to_string(n) + " T=" + std::to_string(t), in, is, "ops/s");

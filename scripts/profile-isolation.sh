@@ -12,12 +12,14 @@
 # Usage: profile-isolation.sh BUILD_DIR OUT_DIR   (REPS, default 20000: the
 #   latency part's repetitions of fill4 and sgemm 256; sgemm 1024 a fifth;
 #   PARTS, default latency: e.g. PARTS=throughput SECONDS_PER_PART=3 for the
-#   T = 1 and T = 8 throughput rows, each part run that many seconds)
+#   throughput rows, each run that many seconds, at IO_THREADS io threads:
+#   default 1,8; IO_THREADS=1 profiles T = 1 by itself)
 # Writes OUT_DIR/profile-{default,old}-{service,worker}.txt, the benchmark's
 # lines ({default,old}.log) and the raw samples.
 set -u -o pipefail
 build=$1 out=$2
 reps=${REPS:-20000} parts=${PARTS:-latency} seconds=${SECONDS_PER_PART:-2}
+io_threads=${IO_THREADS:-1,8}
 mkdir -p "$out"
 build=$(realpath "$build") out=$(realpath "$out")
 cd "$(dirname "$0")/.." || exit 1
@@ -39,7 +41,7 @@ for mode in default old; do
   # The preload after `timeout` (else timeout's own exit would write a file).
   timeout 300 env SAMPLER_OUT="$out/$mode-%p.samples" SAMPLER_WRITE_EVERY_S=0.5 \
     LD_PRELOAD="$bins/sampler.so" "$build/bench/atomr-bench-isolation" --parts "$parts" \
-    --reps "$reps" --seconds "$seconds" "${args[@]}" >"$out/$mode.log" 2>&1
+    --reps "$reps" --seconds "$seconds" --io-threads "$io_threads" "${args[@]}" >"$out/$mode.log" 2>&1
   r=$?
   echo "$mode: atomr-bench-isolation rc=$r"
   grep -E '^(latency|throughput)' "$out/$mode.log"
