@@ -183,6 +183,18 @@ inline std::string utc_now() {
   return b;
 }
 
+/// The items of a comma-separated option value, in order ("a,,b" has an
+/// empty middle item; "" is one empty item).
+inline std::vector<std::string> split_list(const std::string& s) {
+  std::vector<std::string> out;
+  for (std::size_t at = 0;;) {
+    const auto comma = s.find(',', at);
+    out.push_back(s.substr(at, comma == std::string::npos ? std::string::npos : comma - at));
+    if (comma == std::string::npos) return out;
+    at = comma + 1;
+  }
+}
+
 /// Writes `j` to `path` (when one was given); returns false on failure.
 inline bool write_json(const std::string& path, const json& j) {
   if (path.empty()) return true;

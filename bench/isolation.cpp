@@ -344,25 +344,14 @@ int main(int argc, char** argv) {
   o.reply_spin_us = a.num("reply-spin", -1);
   o.worker_arg = a.get("worker-arg");
   if (a.has("seconds")) o.seconds = std::strtod(a.get("seconds").c_str(), nullptr);
-  if (a.has("parts")) {
-    o.parts.clear();
-    std::string p = a.get("parts");
-    for (std::size_t at = 0; at <= p.size();) {
-      const auto c = p.find(',', at);
-      o.parts.push_back(p.substr(at, c == std::string::npos ? std::string::npos : c - at));
-      if (c == std::string::npos) break;
-      at = c + 1;
-    }
-  }
+  if (a.has("parts")) o.parts = bench::split_list(a.get("parts"));
   if (a.has("io-threads")) {
     o.threads.clear();
-    std::istringstream list(a.get("io-threads"));
-    for (std::string t; std::getline(list, t, ',');) {
+    for (const auto& t : bench::split_list(a.get("io-threads"))) {
       const int v = std::atoi(t.c_str());
       if (v < 1 || v > 64) return usage("--io-threads wants a list of 1..64, e.g. 1,8");
       o.threads.push_back(v);
     }
-    if (o.threads.empty()) return usage("--io-threads wants a list of 1..64, e.g. 1,8");
   }
   if (o.reps < 10 || o.reps > 1000000) return usage("--reps wants 10..1000000");
   if (!(o.seconds > 0 && o.seconds <= 60)) return usage("--seconds wants (0, 60]");

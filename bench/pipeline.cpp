@@ -480,18 +480,6 @@ int usage(const char* why) {
   return why ? 64 : 0;
 }
 
-std::vector<std::string> split(const std::string& s) {
-  std::vector<std::string> out;
-  std::size_t at = 0;
-  while (at <= s.size()) {
-    const auto comma = s.find(',', at);
-    out.push_back(s.substr(at, comma == std::string::npos ? std::string::npos : comma - at));
-    if (comma == std::string::npos) break;
-    at = comma + 1;
-  }
-  return out;
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -511,9 +499,10 @@ int main(int argc, char** argv) {
   if (a.has("seconds")) o.seconds = std::strtod(a.get("seconds").c_str(), nullptr);
   if (a.has("in-flight")) {
     o.in_flight.clear();
-    for (auto& x : split(a.get("in-flight"))) o.in_flight.push_back(std::atoi(x.c_str()));
+    for (auto& x : bench::split_list(a.get("in-flight")))
+      o.in_flight.push_back(std::atoi(x.c_str()));
   }
-  if (a.has("variants")) o.variants = split(a.get("variants"));
+  if (a.has("variants")) o.variants = bench::split_list(a.get("variants"));
   if (o.n < 1 || o.n > 8192) return usage("--n wants 1..8192");
   if (o.threads < 1 || o.threads > 64) return usage("--threads wants 1..64");
   if (o.timeout_ms < 0 || o.timeout_ms > 3600000) return usage("--timeout-ms wants 0..3600000");

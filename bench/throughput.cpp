@@ -224,18 +224,6 @@ std::optional<double> parse_double(const std::string& s) {
   return v;
 }
 
-std::vector<std::string> split(const std::string& s) {
-  std::vector<std::string> out;
-  std::size_t at = 0;
-  while (true) {
-    const auto comma = s.find(',', at);
-    out.push_back(s.substr(at, comma == std::string::npos ? std::string::npos : comma - at));
-    if (comma == std::string::npos) break;
-    at = comma + 1;
-  }
-  return out;
-}
-
 // A usage error: the message, then a pointer to --help.
 int usage_error(const std::string& what) {
   std::fprintf(stderr, "%s: %s\nTry '%s --help'.\n", prog, what.c_str(), prog);
@@ -283,7 +271,7 @@ std::optional<int> parse_args(int argc, char** argv, options& o) {
                   std::vector<unsigned>& out) -> std::optional<int> {
     if (!a.has(name)) return std::nullopt;
     out.clear();
-    for (const auto& t : split(a.get(name))) {
+    for (const auto& t : bench::split_list(a.get(name))) {
       const auto v = parse_int(t);
       if (!v || *v < lo || *v > hi)
         return usage_error("--" + std::string(name) +
@@ -307,7 +295,7 @@ std::optional<int> parse_args(int argc, char** argv, options& o) {
   if (auto r = integer("graph-cache", 0, 1 << 16, o.graph_cache)) return r;
   if (auto r = integer("max-lanes", 0, 64, o.max_lanes)) return r;
   if (a.has("work")) {
-    for (const auto& name : split(a.get("work"))) {
+    for (const auto& name : bench::split_list(a.get("work"))) {
       bool found = false;
       for (const auto& w : catalogue) {
         if (name != "all" && name != w.name) continue;
