@@ -439,6 +439,16 @@ bool stream_busy(const stream& s) noexcept {
   return s && s.state()->polled.load(std::memory_order_relaxed) > 0;
 }
 
+namespace {
+thread_local bool t_prefer_batching = false;  // prefer_batching()
+}  // namespace
+void prefer_batching(bool on) noexcept {
+  t_prefer_batching = on;
+}
+bool batching_preferred() noexcept {
+  return t_prefer_batching;
+}
+
 void start_deferred(cuda::launch& l, deferred_enqueue what, deferred_status* status,
                     const completion& how, std::string_view library, wait_handler handler) {
   auto dev = l.get_stream().state()->owner->shared_from_this();

@@ -86,6 +86,66 @@ TEST_CASE_FIXTURE(gpu_fixture, "each strategy completes a copy round trip and an
   }
 }
 
+TEST_CASE_FIXTURE(gpu_fixture,
+                  "prefer_batching: on an idle stream run_kernel launches at once on this "
+                  "thread, unless the thread prefers batching: then the launch joins a batch") {
+  auto s = dev.acquire_stream(stream_policy::per_actor_fresh).value();
+  auto buf = alloc<float>(4096);
+  std::thread::id enqueued_on;
+  // Fills the buffer with `byte` through run_kernel, remembering the thread
+  // that ran the enqueue.
+  auto fill = [&](int byte, completion how) {
+    return run_kernel("cuda", s, how, buf, [&, byte](launch& l) -> result<int> {
+      enqueued_on = std::this_thread::get_id();
+      BOOST_OUTCOME_TRY(float* p, l.write(buf));
+      if (auto st = cudaMemsetAsync(p, byte, buf.size() * sizeof(float), l.native_stream());
+          st != cudaSuccess)
+        return classify(st, "cudaMemsetAsync");
+      return 0;
+    });
+  };
+  auto holds = [&](unsigned char byte) {
+    const auto out = download_floats(buf);
+    const auto* b = reinterpret_cast<const unsigned char*>(out.data());
+    return std::all_of(b, b + out.size() * sizeof(float),
+                       [&](unsigned char x) { return x == byte; });
+  };
+  const auto me = std::this_thread::get_id();
+  const bool launch_threads = dev.options().launch_threads > 0;
+  REQUIRE_FALSE(detail::batching_preferred());  // off by default
+
+  auto before = dev.statistics();
+  REQUIRE(run(fill(0x11, event_poll{})));
+  auto after = dev.statistics();
+  CHECK(after.ops_batched == before.ops_batched);  // launched at once, here
+  CHECK(enqueued_on == me);
+  CHECK(holds(0x11));
+
+  detail::prefer_batching(true);
+  bool other = true;
+  std::thread([&] { other = detail::batching_preferred(); }).join();
+  CHECK_FALSE(other);  // per thread
+  before = dev.statistics();
+  REQUIRE(run(fill(0x22, event_poll{})));
+  after = dev.statistics();
+  CHECK(after.ops_batched - before.ops_batched == 1);  // one op, one batch
+  CHECK(after.batches - before.batches == 1);
+  CHECK((enqueued_on == me) == !launch_threads);  // on the stream's launch thread
+  CHECK(holds(0x22));
+  // With a deadline the batch path is not taken (it has none): at once, here.
+  completion timed = event_poll{};
+  timed.timeout = 10s;
+  before = dev.statistics();
+  REQUIRE(run(fill(0x33, timed)));
+  after = dev.statistics();
+  CHECK(after.ops_batched == before.ops_batched);
+  CHECK(enqueued_on == me);
+  CHECK(holds(0x33));
+  detail::prefer_batching(false);
+  CHECK_FALSE(detail::batching_preferred());
+  CHECK(dev.statistics().ops_in_flight == 0);
+}
+
 TEST_CASE_FIXTURE(gpu_fixture, "async_wait with each strategy waits for the stream's work") {
   auto s = dev.acquire_stream().value();
   blas_handle blas(s);

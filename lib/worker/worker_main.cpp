@@ -10,7 +10,7 @@
 //
 // Usage: atomr-cuda-worker --socket NAME [--ordinal N] [--arena NAME --arena-bytes N
 //                          --rings N] [--threads N] [--no-ring-io-poll] [--io-spin US]
-//                          [--no-cuda] [--test-faults]
+//                          [--inline-launches] [--no-cuda] [--test-faults]
 //   --arena        a POSIX shared memory object the service made: the request
 //                  rings (--rings of them), then the arena of --arena-bytes
 //                  (the bulk data path, registered with cudaHostRegister)
@@ -27,6 +27,14 @@
 //   --io-spin      the io_context's threads keep looking for handlers for
 //                  this many microseconds after the last one ran before they
 //                  sleep (default 0: they sleep at once). 0 to 10000
+//   --inline-launches  a ring thread launches a request's library call
+//                  itself whenever the stream is idle. By default, while it
+//                  has other requests in flight, it hands the launch to the
+//                  stream's launch thread (detail::prefer_batching) and goes
+//                  on serving its ring: launching inline, one ring thread
+//                  whose requests were spread over several lanes did ~40% of
+//                  the in-process rate at T = 1 (docs/design.md, "The
+//                  request rings")
 //   --no-cuda      do not touch CUDA (the hello reports device_unavailable):
 //                  for the supervision tests on machines without a GPU
 //   --test-faults  accept fault injection (tests only): abort, SIGKILL, hang,
@@ -93,6 +101,7 @@ struct args {
   int ordinal = 0;
   int threads = 1;
   bool ring_io_poll = true;
+  bool defer_launches = true;  // --inline-launches turns it off
   std::chrono::microseconds io_spin{0};
   bool no_cuda = false;
   bool test_faults = false;
@@ -102,8 +111,8 @@ int usage(const char* why) {
   std::fprintf(stderr,
                "atomr-cuda-worker: %s\n"
                "usage: atomr-cuda-worker --socket NAME [--ordinal N] [--arena NAME --arena-bytes "
-               "N --rings N] [--threads N] [--no-ring-io-poll] [--io-spin US] [--no-cuda] "
-               "[--test-faults]\n"
+               "N --rings N] [--threads N] [--no-ring-io-poll] [--io-spin US] "
+               "[--inline-launches] [--no-cuda] [--test-faults]\n"
                "(started by an isolated atomr::cuda::device; not meant to be run by hand)\n",
                why);
   return 64;
@@ -792,7 +801,9 @@ private:
   /// requests in flight it also runs a handler of the worker's io_context
   /// per turn (unless --no-ring-io-poll): the device's completion polling
   /// runs there, and a handler posted by this thread's launch may otherwise
-  /// wait for a sleeping io thread to wake up.
+  /// wait for a sleeping io thread to wake up. While it has more than one
+  /// request in flight, its library calls go to the streams' launch threads
+  /// (unless --inline-launches), so that launching never holds up the ring.
   void ring_loop(std::size_t r) {
     using clock = std::chrono::steady_clock;
     constexpr auto idle_spin = std::chrono::microseconds(200);
@@ -812,6 +823,9 @@ private:
           asio::co_spawn(rio, ring_call(r, std::move(m)), asio::detached);
         }
       }
+      // With other requests in flight, this thread's launches go to the
+      // streams' launch threads (--inline-launches: never).
+      if (a_.defer_launches) cu::detail::prefer_batching(outstanding_[r] > 1);
       n += rio.poll();
       if (outstanding_[r] > 0 && a_.ring_io_poll) n += io_.poll_one();
       const auto now = clock::now();
@@ -881,6 +895,8 @@ int main(int argc, char** argv) {
       a.ring_io_poll = false;
     else if (s == "--io-spin" && i + 1 < argc)
       a.io_spin = std::chrono::microseconds(std::clamp(std::atol(argv[++i]), 0L, 10000L));
+    else if (s == "--inline-launches")
+      a.defer_launches = false;
     else if (s == "--no-cuda")
       a.no_cuda = true;
     else if (s == "--test-faults")

@@ -113,6 +113,15 @@ struct deferred_status {
 /// joins the stream's batch (start_deferred) instead of launching at once.
 bool stream_busy(const stream& s) noexcept;
 
+/// While on, run_kernel on this thread joins a stream's batch even when the
+/// stream is idle, so the library call runs on the stream's launch thread
+/// instead of this one. An isolated device's worker sets it on a request
+/// ring's thread while that thread has other requests in flight
+/// (docs/design.md, "The request rings"); off by default on every thread.
+void prefer_batching(bool on) noexcept;
+/// Whether prefer_batching is on for this thread.
+bool batching_preferred() noexcept;
+
 /// Queues `what` on the stream of `l`; a drain posted to the device's
 /// executor runs the queued enqueues of the stream back to back, records one
 /// event after them, stamps each launch with it and waits on it (event_poll,

@@ -381,9 +381,12 @@ asio::awaitable<result<O>> run_kernel(std::string_view library, stream s, comple
   if (auto ok = detail::declare_output(l, output); !ok) co_return l.fail(ok.error());
   // A stream with event_poll work in flight: join its batch (one drain runs
   // the queued enqueues back to back and one event covers them all; see
-  // docs/history/performance.md). An idle stream launches at once (latency).
+  // docs/history/performance.md). An idle stream launches at once (latency),
+  // unless this thread prefers batching (prefer_batching: a worker's ring
+  // thread with other requests to serve hands the launch to the stream's
+  // launch thread).
   if (how.kind == strategy::event_poll && how.timeout == no_timeout &&
-      detail::stream_busy(l.get_stream())) {
+      (detail::stream_busy(l.get_stream()) || detail::batching_preferred())) {
     using keep_t = typename detail::enqueue_keep<Enqueue>::type;
     std::optional<keep_t> kept;
     auto body = [&](launch& ln) -> result<void> {
