@@ -897,6 +897,7 @@ device_statistics device::statistics() const {
       s.restarts_left = w.restarts_left;
       s.worker_pid = w.pid;
       s.worker_calls_pending = w.calls_pending;
+      s.worker_threads = w.worker_threads;
       s.library_threads += w.reader_threads;
       s.free_bytes = w.free_bytes;
       s.total_bytes = w.total_bytes;

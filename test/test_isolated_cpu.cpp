@@ -89,6 +89,10 @@ TEST_CASE_FIXTURE(iso_fixture,
     CHECK(s.worker_pid > 0);
     CHECK(s.worker_restarts == 0);
     CHECK(s.library_threads == 1);  // the reply reader; nothing runs in process
+    // The worker's threads (no CUDA here): its io thread and one per request
+    // ring, started right after its hello.
+    const std::size_t worker_threads = 1 + dev.options().isolation.rings;
+    CHECK(run_until([&] { return dev.statistics().worker_threads == worker_threads; }));
     pid = s.worker_pid;
     auto a = dev.allocate<float>(16);
     REQUIRE_FALSE(a);

@@ -396,6 +396,38 @@ TEST_CASE_FIXTURE(worker_fixture,
 }
 
 TEST_CASE_FIXTURE(worker_fixture,
+                  "worker statistics count the worker process's threads: its io threads and one "
+                  "per request ring; none once it is stopped") {
+  struct setting {
+    std::size_t arena;
+    std::size_t rings;
+    int io_threads;
+  };
+  for (const auto& c : {setting{0, 0, 1}, setting{test_arena, 2, 1}, setting{test_arena, 4, 3}}) {
+    CAPTURE(c.rings);
+    CAPTURE(c.io_threads);
+    auto extra = std::vector<std::string>{"--no-cuda", "--test-faults"};
+    if (c.io_threads != 1) {
+      extra.push_back("--threads");
+      extra.push_back(std::to_string(c.io_threads));
+    }
+    auto o = options(extra);
+    o.arena_bytes = c.arena;  // 0: no arena, so no rings
+    if (c.rings) o.rings = c.rings;
+    auto w = start(o);
+    REQUIRE(run_until([&] { return running_incarnation(w, 1); }));
+    // The ring threads start right after the hello; a --no-cuda worker
+    // starts nothing else, so the count then stays.
+    const std::size_t expected = c.rings + static_cast<std::size_t>(c.io_threads);
+    CHECK(run_until([&] { return w->statistics().worker_threads == expected; }));
+    run_until([] { return false; }, 50ms);
+    CHECK(w->statistics().worker_threads == expected);
+    stop_and_wait(w);
+    CHECK(w->statistics().worker_threads == 0);
+  }
+}
+
+TEST_CASE_FIXTURE(worker_fixture,
                   "worker rings: while calls wait, the io thread polls the reply rings and "
                   "completes replies itself; with reply_spin 0 only the reader does") {
   for (const auto spin : {std::chrono::microseconds(200), std::chrono::microseconds(0)}) {

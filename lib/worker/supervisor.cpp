@@ -67,6 +67,16 @@ bool is_executable(const std::filesystem::path& p) {
   return std::filesystem::is_regular_file(p, ec) && ::access(p.c_str(), X_OK) == 0;
 }
 
+/// The threads of process `pid` now (its /proc/PID/task entries); 0 when it
+/// is gone or /proc cannot be read.
+std::size_t threads_of(int pid) {
+  std::error_code ec;
+  std::filesystem::directory_iterator it("/proc/" + std::to_string(pid) + "/task", ec);
+  std::size_t n = 0;
+  for (; !ec && it != std::filesystem::directory_iterator(); it.increment(ec)) ++n;
+  return ec ? 0 : n;
+}
+
 }  // namespace
 
 result<std::string> find_worker_executable() {
@@ -1084,7 +1094,7 @@ worker_statistics worker_supervisor::statistics() const {
     // A ring's producer count is its calls: a full ring claims nothing.
     for (std::size_t i = 0; i < l->v.rings; ++i) per_ring.push_back(l->v.requests[i].claimed());
   }
-  std::lock_guard lk(p_->mu);
+  std::unique_lock lk(p_->mu);
   auto s = p_->stats;
   s.calls_per_ring = std::move(per_ring);
   s.calls_pending += ring_calls;
@@ -1093,6 +1103,11 @@ worker_statistics worker_supervisor::statistics() const {
   s.io_replies = p_->io_replies.load();
   s.io_polls = p_->io_polls.load();
   s.socket_calls = p_->socket_calls.load();
+  lk.unlock();
+  // Read now rather than with each heartbeat: statistics are taken far more
+  // rarely than heartbeats are answered.
+  const bool alive = s.state == worker_state::starting || s.state == worker_state::running;
+  s.worker_threads = alive && s.pid > 0 ? threads_of(s.pid) : 0;
   return s;
 }
 

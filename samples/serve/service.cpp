@@ -921,6 +921,10 @@ struct service::impl : std::enable_shared_from_this<impl> {
     gauge("atomr_device_library_threads",
           "Threads of the device's own: launch threads, or the isolated reply reader.",
           static_cast<double>(s.library_threads));
+    gauge("atomr_device_worker_threads",
+          "Isolated: threads of the worker process (its io and ring threads, the device's "
+          "launch threads, the CUDA driver's).",
+          static_cast<double>(s.worker_threads));
     std::optional<cuda::blas_actor> b;
     {
       std::lock_guard lk(gpu_mu);

@@ -171,12 +171,16 @@ struct device_statistics {
   std::uint64_t generation = 0;  ///< device::generation()
   /// Isolated devices: worker restarts so far, restarts the budget still
   /// allows in its window, the worker's pid (0: none), operations sent to
-  /// it and not answered, and whether the device is isolated at all.
+  /// it and not answered, the worker process's threads now (its io thread,
+  /// one per request ring, the device's launch threads and the CUDA
+  /// driver's own, read from /proc; 0: no worker), and whether the device
+  /// is isolated at all.
   bool isolated = false;
   std::uint64_t worker_restarts = 0;                ///< see isolated
   std::size_t restarts_left = 0;                    ///< see isolated
   int worker_pid = 0;                               ///< see isolated
   std::size_t worker_calls_pending = 0;             ///< see isolated
+  std::size_t worker_threads = 0;                   ///< see isolated
   health_state health = health_state::unavailable;  ///< device::health()
 };
 

@@ -99,6 +99,12 @@ struct worker_statistics {
   /// from start() to the destructor), and the times it went to sleep.
   std::size_t reader_threads = 0;
   std::uint64_t reader_sleeps = 0;
+  /// The worker process's threads now (the entries of /proc/PID/task, read
+  /// when the statistics are taken; 0 without a starting or running
+  /// worker): its io thread (more with --threads), one per request ring,
+  /// and once its device is open the device's launch threads and the CUDA
+  /// driver's own threads (docs/design.md, "Isolated device", "Threads").
+  std::size_t worker_threads = 0;
   /// Ring replies taken by the reply reader thread, and by io threads
   /// polling the reply rings (worker_options::reply_spin); the times such
   /// polling started (it stops reply_spin after the last reply it took).
