@@ -121,7 +121,15 @@ TEST_CASE_FIXTURE(gpu_fixture,
   CHECK(enqueued_on == me);
   CHECK(holds(0x11));
 
-  detail::prefer_batching(true);
+  // On for the rest of this scope, off again however the test leaves it
+  // (a thread left preferring batching would change every later test).
+  struct preferring {
+    preferring() { detail::prefer_batching(true); }
+    ~preferring() { detail::prefer_batching(false); }
+    preferring(const preferring&) = delete;
+    preferring& operator=(const preferring&) = delete;
+  };
+  std::optional<preferring> on(std::in_place);
   bool other = true;
   std::thread([&] { other = detail::batching_preferred(); }).join();
   CHECK_FALSE(other);  // per thread
@@ -141,7 +149,7 @@ TEST_CASE_FIXTURE(gpu_fixture,
   CHECK(after.ops_batched == before.ops_batched);
   CHECK(enqueued_on == me);
   CHECK(holds(0x33));
-  detail::prefer_batching(false);
+  on.reset();
   CHECK_FALSE(detail::batching_preferred());
   CHECK(dev.statistics().ops_in_flight == 0);
 }
