@@ -15,9 +15,19 @@
 // SAMPLER_WRITE_EVERY_S write the file earlier or periodically (for processes
 // that are killed, e.g. an isolated device's worker; scripts/profile-*.sh).
 // Diagnostic only: backtrace() is not formally async-signal-safe (it is
-// primed once at start so that it does not load libgcc in the handler).
+// primed once at start so that it does not load libgcc in the handler), and
+// unwinding through code without unwind information (a driver's) may read a
+// bad address: a SIGSEGV or SIGBUS raised while the handler unwinds drops
+// that sample (siglongjmp back into the handler; counted in the dump's
+// stderr line) instead of ending the process, and any other one goes to the
+// handler that was there before, or ends the process as it would have (a
+// program that installs a SIGSEGV handler of its own later, as doctest does,
+// replaces the guard).
+// SAMPLER_SELFTEST_FAULT=N makes every Nth sample fault on purpose inside
+// that guard (to check it).
 #include <dlfcn.h>
 #include <execinfo.h>
+#include <setjmp.h>
 #include <signal.h>
 #include <sys/syscall.h>
 #include <sys/time.h>
@@ -50,6 +60,29 @@ struct sample {
 sample* g_samples = nullptr;
 std::atomic<std::size_t> g_next{0};
 std::atomic<bool> g_on{false};
+std::atomic<std::size_t> g_dropped{0};  // samples whose unwinding faulted
+std::size_t g_selftest_every = 0;       // SAMPLER_SELFTEST_FAULT
+struct sigaction g_prev_segv {
+}, g_prev_bus{};
+// Set while on_prof unwinds this thread's stack: where a fault goes back to.
+thread_local sigjmp_buf* t_unwinding = nullptr;
+
+void on_fault(int sig, siginfo_t* info, void* ctx) {
+  if (sigjmp_buf* back = t_unwinding) {
+    t_unwinding = nullptr;
+    siglongjmp(*back, 1);
+  }
+  // Not the sampler's fault: the handler from before, else the default
+  // action (the faulting instruction runs again and ends the process).
+  const struct sigaction& prev = sig == SIGSEGV ? g_prev_segv : g_prev_bus;
+  if ((prev.sa_flags & SA_SIGINFO) && prev.sa_sigaction) return prev.sa_sigaction(sig, info, ctx);
+  if (!(prev.sa_flags & SA_SIGINFO) && prev.sa_handler != SIG_DFL && prev.sa_handler != SIG_IGN)
+    return prev.sa_handler(sig);
+  struct sigaction dfl {};
+  dfl.sa_handler = SIG_DFL;
+  sigemptyset(&dfl.sa_mask);
+  sigaction(sig, &dfl, nullptr);
+}
 
 void on_prof(int, siginfo_t*, void*) {
   if (!g_on.load(std::memory_order_relaxed)) return;
@@ -57,8 +90,17 @@ void on_prof(int, siginfo_t*, void*) {
   const auto i = g_next.fetch_add(1, std::memory_order_relaxed);
   if (i < k_max_samples) {
     g_samples[i].tid = syscall(SYS_gettid);
-    g_samples[i].depth = backtrace(g_samples[i].pc, k_depth);
-    g_samples[i].done.store(true, std::memory_order_release);
+    sigjmp_buf back;
+    if (sigsetjmp(back, 1) == 0) {
+      t_unwinding = &back;
+      if (g_selftest_every && i % g_selftest_every == g_selftest_every - 1)
+        *static_cast<volatile int*>(nullptr) = 1;  // SAMPLER_SELFTEST_FAULT
+      g_samples[i].depth = backtrace(g_samples[i].pc, k_depth);
+      t_unwinding = nullptr;
+      g_samples[i].done.store(true, std::memory_order_release);
+    } else {
+      g_dropped.fetch_add(1, std::memory_order_relaxed);  // left not done: never written
+    }
   }
   errno = saved;
 }
@@ -107,7 +149,9 @@ void write_samples() {
     std::fputc('\n', f);
   }
   std::fclose(f);
-  if (g_dumped.load()) std::fprintf(stderr, "sampler: %zu samples written\n", written);
+  if (g_dumped.load())
+    std::fprintf(stderr, "sampler: %zu samples written, %zu dropped (the unwinder faulted)\n",
+                 written, g_dropped.load());
 }
 
 void dump() {
@@ -129,6 +173,15 @@ struct init {
     sa.sa_flags = SA_SIGINFO | SA_RESTART;
     sigemptyset(&sa.sa_mask);
     sigaction(SIGPROF, &sa, nullptr);
+    // SIGSEGV and SIGBUS: a fault while unwinding drops the sample.
+    struct sigaction fault {};
+    fault.sa_sigaction = on_fault;
+    fault.sa_flags = SA_SIGINFO | SA_NODEFER;
+    sigemptyset(&fault.sa_mask);
+    sigaction(SIGSEGV, &fault, &g_prev_segv);
+    sigaction(SIGBUS, &fault, &g_prev_bus);
+    if (const char* every = std::getenv("SAMPLER_SELFTEST_FAULT"))
+      g_selftest_every = static_cast<std::size_t>(std::atol(every));
     std::atexit(dump);
     // SAMPLER_DUMP_AFTER_S: write the file that many seconds after the start
     // (for a process that is killed rather than exits, e.g. a worker).
