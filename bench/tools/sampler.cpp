@@ -62,10 +62,11 @@ std::atomic<std::size_t> g_next{0};
 std::atomic<bool> g_on{false};
 std::atomic<std::size_t> g_dropped{0};  // samples whose unwinding faulted
 std::size_t g_selftest_every = 0;       // SAMPLER_SELFTEST_FAULT
-struct sigaction g_prev_segv {
-}, g_prev_bus{};
+struct sigaction g_prev_segv = {};      // the handlers on_fault replaced
+struct sigaction g_prev_bus = {};
 // Set while on_prof unwinds this thread's stack: where a fault goes back to.
-thread_local sigjmp_buf* t_unwinding = nullptr;
+// Initial-exec: read in signal handlers, so never through __tls_get_addr.
+__attribute__((tls_model("initial-exec"))) thread_local sigjmp_buf* t_unwinding = nullptr;
 
 void on_fault(int sig, siginfo_t* info, void* ctx) {
   if (sigjmp_buf* back = t_unwinding) {
