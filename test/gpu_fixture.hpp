@@ -13,15 +13,29 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <exception>
 #include <mutex>
 #include <string>
+#include <string_view>
 #include <stdexcept>
 #include <tuple>
 #include <vector>
 
 namespace atomr::cuda::test {
+
+/// Whether the tests run under ASan (compiled in) or compute-sanitizer
+/// (scripts/device-check.sh sets ATOMR_TEST_UNDER_SANITIZER for its runs):
+/// tests scale their load down there, not their time limits up.
+inline bool under_sanitizer() {
+#if defined(__SANITIZE_ADDRESS__)
+  return true;
+#else
+  const char* v = std::getenv("ATOMR_TEST_UNDER_SANITIZER");
+  return v != nullptr && *v != '\0' && std::string_view(v) != "0";
+#endif
+}
 
 /// Fills `bytes` with a fast, seedable pseudo-random sequence (xorshift64*).
 inline void random_bytes(void* out, std::size_t bytes, std::uint64_t seed) {

@@ -513,17 +513,6 @@ asio::awaitable<unit_result> make_unit(const stress_run& s, const completion& ho
                     unit_steps(s, sz, a, b, out));
 }
 
-/// Whether the tests run under ASan (compiled in) or compute-sanitizer
-/// (scripts/device-check.sh sets ATOMR_TEST_UNDER_SANITIZER for its runs).
-bool under_sanitizer() {
-#if defined(__SANITIZE_ADDRESS__)
-  return true;
-#else
-  const char* v = std::getenv("ATOMR_TEST_UNDER_SANITIZER");
-  return v != nullptr && *v != '\0' && std::string_view(v) != "0";
-#endif
-}
-
 /// A step on `on` that spins until the host sets `*release` (test_kernels'
 /// spin_until), with `keep` as its output and `release` kept alive with it.
 /// At most 10 s; under a sanitizer 5 ms, since memcheck may hold the launch

@@ -278,6 +278,11 @@ TEST_CASE_FIXTURE(iso,
   CHECK(s.ops_failed == 0);
   CHECK(s.total_bytes > 0);
   CHECK(s.parked == 0);
+  // The worker's own threads, counted from the service: its io thread and
+  // ring threads as without CUDA, plus the device's threads and the
+  // driver's once a context exists.
+  MESSAGE("worker threads: " << s.worker_threads);
+  CHECK(s.worker_threads > 1 + dev.options().isolation.rings);
 }
 
 TEST_CASE_FIXTURE(iso,
