@@ -72,17 +72,21 @@ fi
 # invalid launch) and assert them themselves; memcheck's job here is memory.
 if [ "${SANITIZE:-1}" = 1 ]; then
   # ATOMR_TEST_UNDER_SANITIZER: timing-dependent counts (how many units a
-  # stress test managed to cancel) are reported, not asserted.
+  # stress test managed to cancel) are reported, not asserted, and the
+  # heaviest loads are scaled down. -d: each case's seconds go to the log
+  # (the slow ones under memcheck are what decides whether it fits a call).
   pack
   t=$(budget "${SANITIZE_TIMEOUT:-200}" memcheck)
   if [ "$t" -gt 0 ]; then
     # shellcheck disable=SC2086  # SANITIZE_ARGS is a list of arguments
     ATOMR_TEST_UNDER_SANITIZER=1 timeout "$t" compute-sanitizer --tool memcheck --report-api-errors no --error-exitcode 99 \
-      "$build"/test/atomr_gpu_tests ${SANITIZE_ARGS:-} >"$out/sanitizer.log" 2>&1
+      "$build"/test/atomr_gpu_tests -d ${SANITIZE_ARGS:-} >"$out/sanitizer.log" 2>&1
     rc=$?
     summary=$(grep -m1 "ERROR SUMMARY" "$out/sanitizer.log" || echo "no ERROR SUMMARY line (timed out after ${t} s, or crashed)")
     echo "sanitizer rc=$rc: $summary"
     grep -E "test cases:|assertions:|ERROR:|CRASHED|THREW" "$out/sanitizer.log" | head -20
+    echo "slowest under memcheck:"
+    grep -E '^[0-9]+\.[0-9]+ s: ' "$out/sanitizer.log" | sort -rn | head -5
   fi
 fi
 # The GPU tests (and the fault scenarios, one process each) built with
