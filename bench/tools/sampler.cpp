@@ -91,8 +91,11 @@ void on_prof(int, siginfo_t*, void*) {
   const auto i = g_next.fetch_add(1, std::memory_order_relaxed);
   if (i < k_max_samples) {
     g_samples[i].tid = syscall(SYS_gettid);
+    // The mask is not saved (no sigprocmask call per sample): on_fault runs
+    // with this handler's mask (SA_NODEFER, an empty sa_mask), so jumping
+    // back leaves it as it is here.
     sigjmp_buf back;
-    if (sigsetjmp(back, 1) == 0) {
+    if (sigsetjmp(back, 0) == 0) {
       t_unwinding = &back;
       if (g_selftest_every && i % g_selftest_every == g_selftest_every - 1)
         *static_cast<volatile int*>(nullptr) = 1;  // SAMPLER_SELFTEST_FAULT
