@@ -449,6 +449,16 @@ bool batching_preferred() noexcept {
   return t_prefer_batching;
 }
 
+namespace {
+thread_local std::size_t t_spread_lanes = 0;  // spread_lanes()
+}  // namespace
+void spread_lanes(std::size_t n) noexcept {
+  t_spread_lanes = n;
+}
+std::size_t lanes_spread() noexcept {
+  return t_spread_lanes;
+}
+
 void start_deferred(cuda::launch& l, deferred_enqueue what, deferred_status* status,
                     const completion& how, std::string_view library, wait_handler handler) {
   auto dev = l.get_stream().state()->owner->shared_from_this();

@@ -295,6 +295,46 @@ TEST_CASE("lane_set: many threads picking while holding their lane make at most 
   CHECK(*seen.rbegin() < s.size());
 }
 
+// The lane of a keyed operation (the buffer it writes) among the lanes in
+// use: one per submitting thread, or spread_lanes' count on this thread.
+TEST_CASE("lane_set: keyed operations spread over the threads' lanes or spread_lanes' count") {
+  fake_set s(8);
+  s.install_first(std::make_unique<fake_lane>(0));
+  auto make = [](std::size_t i) { return make_fake(i); };
+  auto key = [](std::size_t i) { return reinterpret_cast<const void*>((i + 1) * 4096); };
+  // The lanes 64 keys go to, twice over (a key keeps its lane).
+  auto lanes_of_keys = [&] {
+    std::set<std::size_t> seen;
+    for (std::size_t i = 0; i < 64; ++i) {
+      const std::size_t first = s.pick(make, key(i)).index;
+      CHECK(s.pick(make, key(i)).index == first);
+      seen.insert(first);
+    }
+    return seen;
+  };
+  // One submitting thread: one lane in use, whatever the key.
+  CHECK(lanes_of_keys() == std::set<std::size_t>{0});
+  CHECK(s.size() == 1);
+  std::set<std::size_t> spread4, spread_over, after;
+  std::thread([&] {
+    detail::spread_lanes(4);
+    CHECK(detail::lanes_spread() == 4);
+    spread4 = lanes_of_keys();
+    detail::spread_lanes(100);  // more than the limit: the limit
+    spread_over = lanes_of_keys();
+    detail::spread_lanes(0);  // back to one lane per submitting thread (two so far)
+    after = lanes_of_keys();
+  }).join();
+  CHECK(spread4 == std::set<std::size_t>{0, 1, 2, 3});
+  CHECK(spread_over.size() > 4);
+  CHECK(*spread_over.rbegin() < 8);
+  CHECK(s.size() <= 8);
+  CHECK(after == std::set<std::size_t>{0, 1});
+  // The count is the setting thread's own: this thread never set it.
+  CHECK(detail::lanes_spread() == 0);
+  CHECK(lanes_of_keys() == std::set<std::size_t>{0, 1});
+}
+
 #if ATOMR_CUDA_HAS_CURAND
 TEST_CASE("rng_sequence_span: one position per 32-bit value; doubles cover what cuRAND reads") {
   CHECK(detail::rng_sequence_span(1, 4) == 1);

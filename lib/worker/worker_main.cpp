@@ -100,6 +100,7 @@ struct args {
   std::size_t rings = 0;
   int ordinal = 0;
   int threads = 1;
+  std::size_t lanes = 0;  // --lanes: the ring threads' spread_lanes (0: one lane per ring)
   bool ring_io_poll = true;
   bool defer_launches = true;  // --inline-launches turns it off
   std::chrono::microseconds io_spin{0};
@@ -111,7 +112,7 @@ int usage(const char* why) {
   std::fprintf(stderr,
                "atomr-cuda-worker: %s\n"
                "usage: atomr-cuda-worker --socket NAME [--ordinal N] [--arena NAME --arena-bytes "
-               "N --rings N] [--threads N] [--no-ring-io-poll] [--io-spin US] "
+               "N --rings N] [--threads N] [--lanes N] [--no-ring-io-poll] [--io-spin US] "
                "[--inline-launches] [--no-cuda] [--test-faults]\n"
                "(started by an isolated atomr::cuda::device; not meant to be run by hand)\n",
                why);
@@ -810,6 +811,7 @@ private:
     constexpr auto busy_spin = std::chrono::microseconds(1000);
     asio::io_context rio(1);
     auto guard = asio::make_work_guard(rio);
+    cu::detail::spread_lanes(a_.lanes);
     auto& q = rings_.requests[r];
     auto last = clock::now();
     for (;;) {
@@ -889,6 +891,8 @@ int main(int argc, char** argv) {
       a.ordinal = std::atoi(argv[++i]);
     else if (s == "--threads" && i + 1 < argc)
       a.threads = std::max(1, std::atoi(argv[++i]));
+    else if (s == "--lanes" && i + 1 < argc)
+      a.lanes = std::strtoull(argv[++i], nullptr, 10);
     else if (s == "--ring-io-poll")  // the default; kept for older command lines
       a.ring_io_poll = true;
     else if (s == "--no-ring-io-poll")

@@ -122,6 +122,16 @@ void prefer_batching(bool on) noexcept;
 /// Whether prefer_batching is on for this thread.
 bool batching_preferred() noexcept;
 
+/// While nonzero on this thread, an actor spreads the operations it chooses a
+/// lane for by their written buffer over this many lanes (up to its
+/// max_lanes) instead of over one lane per thread that has submitted to it.
+/// An isolated device's worker sets it on its request rings' threads
+/// (`--lanes`), which are fewer than the service's threads; 0 (the default
+/// on every thread) keeps one lane per submitting thread.
+void spread_lanes(std::size_t n) noexcept;
+/// This thread's spread_lanes count (0: none).
+std::size_t lanes_spread() noexcept;
+
 /// Queues `what` on the stream of `l`; a drain posted to the device's
 /// executor runs the queued enqueues of the stream back to back, records one
 /// event after them, stamps each launch with it and waits on it (event_poll,

@@ -199,8 +199,9 @@ public:
     const std::size_t mine = thread_index();
     std::size_t want = mine;
     if (key) {
-      const std::size_t in_use =
-          std::clamp<std::size_t>(assigned_.load(std::memory_order_relaxed), 1, limit_);
+      const std::size_t spread = lanes_spread();
+      const std::size_t in_use = std::clamp<std::size_t>(
+          spread ? spread : assigned_.load(std::memory_order_relaxed), 1, limit_);
       auto h = static_cast<std::uint64_t>(reinterpret_cast<std::uintptr_t>(key) >> 4);
       h *= 0x9E3779B97F4A7C15ull;
       want = static_cast<std::size_t>(h >> 32) % in_use;
