@@ -35,6 +35,13 @@
 //                  whose requests were spread over several lanes did ~40% of
 //                  the in-process rate at T = 1 (docs/design.md, "The
 //                  request rings")
+//   --lanes N      the ring threads spread the operations they choose a lane
+//                  for (by the buffer each writes) over N lanes of an actor,
+//                  up to its max_lanes (detail::spread_lanes; default 6): a
+//                  lane's launches run on its stream's launch thread, and the
+//                  four ring threads alone kept four of them busy. 0: one
+//                  lane per ring thread, as before session 33 (docs/design.md,
+//                  "The request rings")
 //   --no-cuda      do not touch CUDA (the hello reports device_unavailable):
 //                  for the supervision tests on machines without a GPU
 //   --test-faults  accept fault injection (tests only): abort, SIGKILL, hang,
@@ -100,7 +107,7 @@ struct args {
   std::size_t rings = 0;
   int ordinal = 0;
   int threads = 1;
-  std::size_t lanes = 0;  // --lanes: the ring threads' spread_lanes (0: one lane per ring)
+  std::size_t lanes = 6;  // --lanes: the ring threads' spread_lanes (0: one lane per ring)
   bool ring_io_poll = true;
   bool defer_launches = true;  // --inline-launches turns it off
   std::chrono::microseconds io_spin{0};
