@@ -25,7 +25,6 @@
 #include <chrono>
 #include <cmath>
 #include <cstdint>
-#include <cstdlib>
 #include <exception>
 #include <memory>
 #include <mutex>
@@ -33,7 +32,6 @@
 #include <optional>
 #include <random>
 #include <string>
-#include <string_view>
 #include <thread>
 #include <tuple>
 #include <variant>
