@@ -10,7 +10,7 @@
 //
 // Usage: atomr-cuda-worker --socket NAME [--ordinal N] [--arena NAME --arena-bytes N
 //                          --rings N] [--threads N] [--no-ring-io-poll] [--io-spin US]
-//                          [--inline-launches] [--no-cuda] [--test-faults]
+//                          [--inline-launches] [--ring-yield] [--no-cuda] [--test-faults]
 //   --arena        a POSIX shared memory object the service made: the request
 //                  rings (--rings of them), then the arena of --arena-bytes
 //                  (the bulk data path, registered with cudaHostRegister)
@@ -42,6 +42,11 @@
 //                  four ring threads alone kept four of them busy. 0: one
 //                  lane per ring thread, as before session 33 (docs/design.md,
 //                  "The request rings")
+//   --ring-yield   a ring thread waiting for its requests' completions (or
+//                  spinning before it sleeps) gives its core away on each
+//                  turn (sched_yield) instead of a pause instruction, so
+//                  that launch threads waiting for a core get it sooner
+//                  (an experiment of session 33; off by default)
 //   --no-cuda      do not touch CUDA (the hello reports device_unavailable):
 //                  for the supervision tests on machines without a GPU
 //   --test-faults  accept fault injection (tests only): abort, SIGKILL, hang,
@@ -110,6 +115,7 @@ struct args {
   std::size_t lanes = 6;  // --lanes: the ring threads' spread_lanes (0: one lane per ring)
   bool ring_io_poll = true;
   bool defer_launches = true;  // --inline-launches turns it off
+  bool ring_yield = false;     // --ring-yield
   std::chrono::microseconds io_spin{0};
   bool no_cuda = false;
   bool test_faults = false;
@@ -845,18 +851,27 @@ private:
       const auto idle = now - last;
       if (outstanding_[r] > 0) {
         if (idle < busy_spin)
-          cu::detail::cpu_relax();
+          spin_turn();
         else if (rio.run_one_for(std::chrono::microseconds(50)))
           last = clock::now();
         continue;
       }
       if (idle < idle_spin) {
-        cu::detail::cpu_relax();
+        spin_turn();
         continue;
       }
       q.sleep(std::chrono::milliseconds(100));
       last = clock::now();
     }
+  }
+
+  /// One turn of a ring thread's spin: a pause, or with --ring-yield the core
+  /// given to another thread that waits for one.
+  void spin_turn() const {
+    if (a_.ring_yield)
+      std::this_thread::yield();
+    else
+      cu::detail::cpu_relax();
   }
 
   asio::io_context& io_;
@@ -908,6 +923,8 @@ int main(int argc, char** argv) {
       a.io_spin = std::chrono::microseconds(std::clamp(std::atol(argv[++i]), 0L, 10000L));
     else if (s == "--inline-launches")
       a.defer_launches = false;
+    else if (s == "--ring-yield")
+      a.ring_yield = true;
     else if (s == "--no-cuda")
       a.no_cuda = true;
     else if (s == "--test-faults")
