@@ -9,8 +9,9 @@
 // meant to be started by hand.
 //
 // Usage: atomr-cuda-worker --socket NAME [--ordinal N] [--arena NAME --arena-bytes N
-//                          --rings N] [--threads N] [--no-ring-io-poll] [--io-spin US]
-//                          [--inline-launches] [--ring-yield] [--no-cuda] [--test-faults]
+//                          --rings N] [--threads N] [--lanes N] [--no-ring-io-poll]
+//                          [--io-spin US] [--inline-launches] [--ring-yield] [--no-cuda]
+//                          [--test-faults]
 //   --arena        a POSIX shared memory object the service made: the request
 //                  rings (--rings of them), then the arena of --arena-bytes
 //                  (the bulk data path, registered with cudaHostRegister)
@@ -126,7 +127,7 @@ int usage(const char* why) {
                "atomr-cuda-worker: %s\n"
                "usage: atomr-cuda-worker --socket NAME [--ordinal N] [--arena NAME --arena-bytes "
                "N --rings N] [--threads N] [--lanes N] [--no-ring-io-poll] [--io-spin US] "
-               "[--inline-launches] [--no-cuda] [--test-faults]\n"
+               "[--inline-launches] [--ring-yield] [--no-cuda] [--test-faults]\n"
                "(started by an isolated atomr::cuda::device; not meant to be run by hand)\n",
                why);
   return 64;
