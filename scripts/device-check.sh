@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The whole GPU check, as run on the H200 through the device tool:
 # configure, build, full test suite (CPU + GPU), the samples, the GPU tests
-# under compute-sanitizer memcheck, and the GPU tests built with ASan + UBSan.
+# under compute-sanitizer memcheck, and the GPU tests (the isolated suite with its
+# worker first) built with ASan + UBSan.
 # Full logs go to $OUT (or ./device-out); the summary lines go to stdout.
 # SAMPLES=0, SANITIZE=0, ASAN=0 leave those stages out; TESTS=0 leaves out the
 # test suite and the device-info sample (e.g. the ASan stage alone on a warm
@@ -102,11 +103,14 @@ if [ "${ASAN:-1}" = 1 ]; then
     echo "asan setup failed"; tail -20 "$out/asan-setup.log"
   else
     # The CPU tests start the isolated device's worker (when Boost.Process v2
-    # was found): build it too.
-    worker=$(ninja -C "$asan_build" -t targets all 2>/dev/null | grep -o '^atomr-cuda-worker' | head -1)
-    # shellcheck disable=SC2086  # $worker is empty or one target
+    # was found): build it too, and the isolated suite, whose worker then
+    # runs with the sanitizers as well.
+    targets=$(ninja -C "$asan_build" -t targets all 2>/dev/null)
+    worker=$(grep -o '^atomr-cuda-worker' <<<"$targets" | head -1)
+    isolated=$(grep -o '^test/atomr_isolated_tests' <<<"$targets" | head -1)
+    # shellcheck disable=SC2086  # $worker and $isolated are empty or one target
     ninja -C "$asan_build" test/atomr_gpu_tests test/atomr_gpu_fault_tests test/atomr_cpu_tests \
-      $worker >"$out/asan-build.log" 2>&1
+      $worker $isolated >"$out/asan-build.log" 2>&1
     echo "asan build rc=$? warnings=$(grep -c 'warning:' "$out/asan-build.log")"
     asan_run() {
       local name=$1; shift
@@ -123,6 +127,9 @@ if [ "${ASAN:-1}" = 1 ]; then
         "$(grep -m1 -E '^\[doctest\] test cases:' "$out/asan-$name.log" || echo '(no doctest summary)')"
       grep -m3 -E "ERROR: AddressSanitizer|runtime error:|SUMMARY: " "$out/asan-$name.log"
     }
+    # The isolated suite first: the shortest, and the only one that runs
+    # the worker (its ring threads, the launch hand-off) under ASan.
+    [ -n "$isolated" ] && asan_run isolated "$asan_build"/test/atomr_isolated_tests
     # shellcheck disable=SC2086  # ASAN_ARGS is a list of arguments
     asan_run gpu "$asan_build"/test/atomr_gpu_tests ${ASAN_ARGS:-}
     asan_run cpu "$asan_build"/test/atomr_cpu_tests
