@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # Alternating rounds of atomr-bench-isolation for several worker settings,
 # so that settings are compared on one machine within minutes (runs on the
-# GPU hosts move by a third between calls; docs/performance.md, "Isolated
-# device"). Each variant is LABEL=ARGS: ARGS are the bench's arguments,
-# separated by ';' (one may hold spaces, as --worker-arg's does), and LABEL
-# names the variant in the table; "base=" is the bench's defaults.
+# GPU hosts move by a third between calls; docs/history/performance.md,
+# "The isolated device, sessions 23 to 33"). Each variant is LABEL=ARGS:
+# ARGS are the bench's arguments, separated by ';' (one may hold spaces, as
+# --worker-arg's does), and LABEL names the variant in the table; "base="
+# is the bench's defaults.
 #   ab-isolation.sh BUILD_DIR OUT_DIR base= 'lanes0=--worker-arg=--lanes 0' \
 #     'r2l8=--rings=2;--worker-arg=--lanes 8'
 # ROUNDS (3), PARTS (throughput), IO_THREADS (8), SECONDS_PER_PART (1),
