@@ -127,8 +127,8 @@ if [ "${ASAN:-1}" = 1 ]; then
         "$(grep -m1 -E '^\[doctest\] test cases:' "$out/asan-$name.log" || echo '(no doctest summary)')"
       grep -m3 -E "ERROR: AddressSanitizer|runtime error:|SUMMARY: " "$out/asan-$name.log"
     }
-    # The isolated suite first: the shortest, and the only one that runs
-    # the worker (its ring threads, the launch hand-off) under ASan.
+    # The isolated suite first: the shortest, and the only one whose worker
+    # runs GPU work (its ring threads, the launch hand-off) under ASan.
     [ -n "$isolated" ] && asan_run isolated "$asan_build"/test/atomr_isolated_tests
     # shellcheck disable=SC2086  # ASAN_ARGS is a list of arguments
     asan_run gpu "$asan_build"/test/atomr_gpu_tests ${ASAN_ARGS:-}
