@@ -158,6 +158,11 @@ def summarise(docs, directory):
         note(f"results come from different devices: {', '.join(sorted(devices))}")
     out["device"] = next((docs[k]["device"] for k, _ in SOURCES
                           if k in docs and docs[k].get("device")), "unknown")
+    # Which file came from another device than the header's (the GPU host
+    # lent an H100 for some runs): named per file, in the JSON and the table.
+    out["other_devices"] = {f: docs[k]["device"] for k, f in SOURCES
+                            if k in docs and docs[k].get("device")
+                            and docs[k]["device"] != out["device"]}
     dates = sorted(d["date"] for d in docs.values() if isinstance(d.get("date"), str))
     out["date"] = dates[-1] if dates else None
     cmd_file = os.path.join(directory, "command.txt")
@@ -669,7 +674,8 @@ def table(header, rows):
 
 
 def markdown(s):
-    md = [f"Device: {s['device']}; date: {s['date'] or 'n/a'}.", "",
+    others = "".join(f"; {f}: {d}" for f, d in (s.get("other_devices") or {}).items())
+    md = [f"Device: {s['device']}{others}; date: {s['date'] or 'n/a'}.", "",
           f"Command: `{s['command']}`" if s["command"] else "Command: n/a", ""]
     if s.get("command_notes"):
         md += [s["command_notes"], ""]
