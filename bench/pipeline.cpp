@@ -47,6 +47,11 @@ struct options {
   /// --timeout-ms: every wait's deadline (the device's default completion,
   /// event_poll with this timeout), as a service puts on its requests; 0 none.
   long timeout_ms = 0;
+  /// Diagnostics of the library's side (the device's options; -1 and ""
+  /// keep the library's defaults): where a composed unit's time goes.
+  long long launch_threads = -1;
+  long long launch_spin_us = -1;
+  std::string strategy;
   std::string json;
 };
 
@@ -455,6 +460,7 @@ int usage(const char* why) {
   std::fprintf(why ? stderr : stdout,
                "usage: %s [--n N] [--threads T] [--in-flight LIST] [--variants LIST]\n"
                "          [--seconds S] [--device D] [--timeout-ms MS] [--json FILE]\n"
+               "          [--launch-threads N] [--launch-spin-us U] [--strategy S]\n"
                "One request: pageable upload of N x N f32 (default 256), gemm with device\n"
                "weights, cuDNN relu, pageable download, one element checked. Variants:\n"
                "per_op (four awaits), composed (one compose() unit), fused (one unit with\n"
@@ -475,7 +481,10 @@ int usage(const char* why) {
                "allocated and released per request, as atomr-serve does.\n"
                "--timeout-ms MS: the library's waits (each await, each unit) get a deadline\n"
                "of MS milliseconds, as a service's requests have (default: none); raw CUDA\n"
-               "is unchanged.\n",
+               "is unchanged.\n"
+               "Diagnostics (the library's device options; default: the library's):\n"
+               "--launch-threads N (0..64), --launch-spin-us U (0..10000), --strategy S\n"
+               "(event_poll, host_fn or blocking_sync: the default completion).\n",
                prog);
   return why ? 64 : 0;
 }
@@ -488,7 +497,8 @@ int main(int argc, char** argv) {
   if (!a.unknown.empty()) return usage(("unknown argument " + a.unknown.front()).c_str());
   for (const auto& [k, v] : a.kv)
     if (k != "help" && k != "n" && k != "threads" && k != "device" && k != "json" &&
-        k != "seconds" && k != "in-flight" && k != "variants" && k != "timeout-ms")
+        k != "seconds" && k != "in-flight" && k != "variants" && k != "timeout-ms" &&
+        k != "launch-threads" && k != "launch-spin-us" && k != "strategy")
       return usage(("unknown option --" + k).c_str());
   options o;
   o.n = int(a.num("n", o.n));
@@ -496,6 +506,9 @@ int main(int argc, char** argv) {
   o.device = int(a.num("device", o.device));
   o.json = a.get("json");
   o.timeout_ms = long(a.num("timeout-ms", 0));
+  o.launch_threads = static_cast<long long>(a.num("launch-threads", -1));
+  o.launch_spin_us = static_cast<long long>(a.num("launch-spin-us", -1));
+  o.strategy = a.get("strategy");
   if (a.has("seconds")) o.seconds = std::strtod(a.get("seconds").c_str(), nullptr);
   if (a.has("in-flight")) {
     o.in_flight.clear();
@@ -506,6 +519,13 @@ int main(int argc, char** argv) {
   if (o.n < 1 || o.n > 8192) return usage("--n wants 1..8192");
   if (o.threads < 1 || o.threads > 64) return usage("--threads wants 1..64");
   if (o.timeout_ms < 0 || o.timeout_ms > 3600000) return usage("--timeout-ms wants 0..3600000");
+  if (a.has("launch-threads") && (o.launch_threads < 0 || o.launch_threads > 64))
+    return usage("--launch-threads wants 0..64");
+  if (a.has("launch-spin-us") && (o.launch_spin_us < 0 || o.launch_spin_us > 10000))
+    return usage("--launch-spin-us wants 0..10000");
+  if (a.has("strategy") && o.strategy != "event_poll" && o.strategy != "host_fn" &&
+      o.strategy != "blocking_sync")
+    return usage("--strategy: event_poll, host_fn or blocking_sync");
   if (!(o.seconds > 0 && o.seconds <= 60)) return usage("--seconds wants a number in (0, 60]");
   for (int f : o.in_flight)
     if (f < 1 || f > 4096) return usage("--in-flight wants counts in 1..4096");
@@ -519,8 +539,11 @@ int main(int argc, char** argv) {
 
   asio::io_context ioc;
   device_options dopt;
-  if (o.timeout_ms > 0)
-    dopt.default_completion = event_poll(std::chrono::milliseconds(o.timeout_ms));
+  if (o.strategy == "host_fn") dopt.default_completion = host_fn();
+  if (o.strategy == "blocking_sync") dopt.default_completion = blocking_sync();
+  if (o.timeout_ms > 0) dopt.default_completion.timeout = std::chrono::milliseconds(o.timeout_ms);
+  if (o.launch_threads >= 0) dopt.launch_threads = static_cast<std::size_t>(o.launch_threads);
+  if (o.launch_spin_us >= 0) dopt.launch_spin = std::chrono::microseconds(o.launch_spin_us);
   auto dev = device::open(ioc.get_executor(), o.device, dopt);
   if (!dev) {
     std::fprintf(stderr, "%s: %s\n", prog, dev.error().message().c_str());
@@ -576,8 +599,13 @@ int main(int argc, char** argv) {
   const std::string deadline =
       o.timeout_ms > 0 ? ", library waits with a " + std::to_string(o.timeout_ms) + " ms deadline"
                        : "";
-  std::printf("%s: %s, n = %d, %d threads, %.1f s windows%s\n", prog, bench::device_name().c_str(),
-              n, o.threads, o.seconds, deadline.c_str());
+  std::string tuned;  // the diagnostics' device options, when given
+  if (!o.strategy.empty()) tuned += ", strategy " + o.strategy;
+  if (o.launch_threads >= 0) tuned += ", launch_threads " + std::to_string(o.launch_threads);
+  if (o.launch_spin_us >= 0) tuned += ", launch_spin " + std::to_string(o.launch_spin_us) + " us";
+  std::printf("%s: %s, n = %d, %d threads, %.1f s windows%s%s\n", prog,
+              bench::device_name().c_str(), n, o.threads, o.seconds, deadline.c_str(),
+              tuned.c_str());
   std::printf("%-11s %6s %10s %9s %9s %9s %10s %9s %9s %7s %6s\n", "variant", "in_fl", "req/s",
               "p50 us", "p99 us", "CPU us", "raw req/s", "raw p50", "raw CPU", "ratio", "wrong");
   std::vector<bench::json> rows;
