@@ -52,6 +52,9 @@ struct options {
   long long launch_threads = -1;
   long long launch_spin_us = -1;
   std::string strategy;
+  /// --io-spin-us: the io threads look for handlers for this long after
+  /// their last one before they block (0: io_context::run, the default).
+  long long io_spin_us = 0;
   std::string json;
 };
 
@@ -277,6 +280,36 @@ asio::awaitable<void> client(lib_ctx& c, lib_slot& s, std::string variant, const
   if (--left == 0) c.ioc.stop();
 }
 
+/// One io thread: io_context::run, or with `spin_us` > 0 a loop that polls
+/// for handlers and blocks only after `spin_us` without one (a thread that
+/// blocks takes microseconds to wake when a completion is posted).
+void run_io(asio::io_context& ioc, long long spin_us) {
+  if (spin_us <= 0) {
+    ioc.run();
+    return;
+  }
+  using clock = std::chrono::steady_clock;
+  const auto spin = std::chrono::microseconds(spin_us);
+  auto last = clock::now();
+  for (;;) {
+    if (ioc.poll_one()) {
+      last = clock::now();
+      continue;
+    }
+    if (ioc.stopped()) return;
+    if (clock::now() - last < spin) {
+      for (int i = 0; i < 16; ++i) {
+#if defined(__x86_64__)
+        __builtin_ia32_pause();
+#endif
+      }
+      continue;
+    }
+    if (!ioc.run_one()) return;
+    last = clock::now();
+  }
+}
+
 result_row run_library(lib_ctx& c, std::vector<lib_slot>& slots, const std::string& variant,
                        int in_flight, const options& o) {
   std::vector<std::vector<double>> lat(in_flight);
@@ -287,7 +320,7 @@ result_row run_library(lib_ctx& c, std::vector<lib_slot>& slots, const std::stri
     asio::co_spawn(c.ioc, client(c, slots[i], variant, win, lat[i], wrong, left), asio::detached);
   c.ioc.restart();
   std::vector<std::thread> pool;
-  for (int t = 0; t < o.threads; ++t) pool.emplace_back([&] { c.ioc.run(); });
+  for (int t = 0; t < o.threads; ++t) pool.emplace_back([&] { run_io(c.ioc, o.io_spin_us); });
   for (auto& t : pool) t.join();
   win.join();
   return finish(variant, in_flight, win, lat, wrong.load());
@@ -484,7 +517,9 @@ int usage(const char* why) {
                "is unchanged.\n"
                "Diagnostics (the library's device options; default: the library's):\n"
                "--launch-threads N (0..64), --launch-spin-us U (0..10000), --strategy S\n"
-               "(event_poll, host_fn or blocking_sync: the default completion).\n",
+               "(event_poll, host_fn or blocking_sync: the default completion),\n"
+               "--io-spin-us U (0..100000: the io threads poll for handlers for U us\n"
+               "after their last one before they block; default 0, io_context::run).\n",
                prog);
   return why ? 64 : 0;
 }
@@ -498,7 +533,7 @@ int main(int argc, char** argv) {
   for (const auto& [k, v] : a.kv)
     if (k != "help" && k != "n" && k != "threads" && k != "device" && k != "json" &&
         k != "seconds" && k != "in-flight" && k != "variants" && k != "timeout-ms" &&
-        k != "launch-threads" && k != "launch-spin-us" && k != "strategy")
+        k != "launch-threads" && k != "launch-spin-us" && k != "strategy" && k != "io-spin-us")
       return usage(("unknown option --" + k).c_str());
   options o;
   o.n = int(a.num("n", o.n));
@@ -509,6 +544,7 @@ int main(int argc, char** argv) {
   o.launch_threads = static_cast<long long>(a.num("launch-threads", -1));
   o.launch_spin_us = static_cast<long long>(a.num("launch-spin-us", -1));
   o.strategy = a.get("strategy");
+  o.io_spin_us = static_cast<long long>(a.num("io-spin-us", 0));
   if (a.has("seconds")) o.seconds = std::strtod(a.get("seconds").c_str(), nullptr);
   if (a.has("in-flight")) {
     o.in_flight.clear();
@@ -523,6 +559,7 @@ int main(int argc, char** argv) {
     return usage("--launch-threads wants 0..64");
   if (a.has("launch-spin-us") && (o.launch_spin_us < 0 || o.launch_spin_us > 10000))
     return usage("--launch-spin-us wants 0..10000");
+  if (o.io_spin_us < 0 || o.io_spin_us > 100000) return usage("--io-spin-us wants 0..100000");
   if (a.has("strategy") && o.strategy != "event_poll" && o.strategy != "host_fn" &&
       o.strategy != "blocking_sync")
     return usage("--strategy: event_poll, host_fn or blocking_sync");
@@ -603,6 +640,7 @@ int main(int argc, char** argv) {
   if (!o.strategy.empty()) tuned += ", strategy " + o.strategy;
   if (o.launch_threads >= 0) tuned += ", launch_threads " + std::to_string(o.launch_threads);
   if (o.launch_spin_us >= 0) tuned += ", launch_spin " + std::to_string(o.launch_spin_us) + " us";
+  if (o.io_spin_us > 0) tuned += ", io threads spin " + std::to_string(o.io_spin_us) + " us";
   std::printf("%s: %s, n = %d, %d threads, %.1f s windows%s%s\n", prog,
               bench::device_name().c_str(), n, o.threads, o.seconds, deadline.c_str(),
               tuned.c_str());
