@@ -337,15 +337,19 @@ result_row run_library(lib_ctx& c, std::vector<lib_slot>& slots, const std::stri
   } while (0)
 
 /// What a raw thread runs: the pipeline's request as four calls, the same
-/// captured once into a CUDA graph per slot, or serve_gemm's request (two
-/// uploads, the gemm, the download).
-enum class raw_kind { calls, graph, serve_gemm };
+/// captured once into a CUDA graph per slot, serve_gemm's request (two
+/// uploads, the gemm, the download), or the four calls with the relu and the
+/// download on a second stream that waits for the gemm's event (`hop`: the
+/// streams of a composed unit, whose cuBLAS and cuDNN steps run on their
+/// actors' lanes).
+enum class raw_kind { calls, graph, serve_gemm, hop };
 
 struct raw_slot {
   request_data d;
   float *px = nullptr, *pz = nullptr, *dx = nullptr, *dy = nullptr, *dz = nullptr;
   float *pb = nullptr, *db = nullptr;  // serve_gemm's second factor
   cudaEvent_t ev = nullptr;
+  cudaEvent_t mid = nullptr;       // raw_kind::hop: the gemm's, waited for by the second stream
   cudaGraphExec_t exec = nullptr;  // raw_graph: the slot's captured request
   bool busy = false;
   double t0 = 0;
@@ -357,19 +361,22 @@ struct raw_slot {
 void raw_thread(const options& o, const float* dw, const std::vector<request_data>& data, int depth,
                 const window& win, std::vector<double>& lat, std::atomic<long>& wrong,
                 raw_kind kind) {
-  const bool graph = kind == raw_kind::graph, ab = kind == raw_kind::serve_gemm;
+  const bool graph = kind == raw_kind::graph, ab = kind == raw_kind::serve_gemm,
+             hop = kind == raw_kind::hop;
   const int n = o.n;
   const std::size_t nn = std::size_t(n) * n, bytes = nn * sizeof(float);
   RAW_OK(cudaSetDevice(o.device) == cudaSuccess);
   cudaStream_t s;
   RAW_OK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) == cudaSuccess);
+  cudaStream_t s2 = s;  // the relu's and the download's
+  if (hop) RAW_OK(cudaStreamCreateWithFlags(&s2, cudaStreamNonBlocking) == cudaSuccess);
   cublasHandle_t b;
   RAW_OK(cublasCreate(&b) == CUBLAS_STATUS_SUCCESS);
   RAW_OK(cublasSetStream(b, s) == CUBLAS_STATUS_SUCCESS);
   RAW_OK(cublasSetMathMode(b, CUBLAS_PEDANTIC_MATH) == CUBLAS_STATUS_SUCCESS);  // as blas_actor
   cudnnHandle_t h;
   RAW_OK(cudnnCreate(&h) == CUDNN_STATUS_SUCCESS);
-  RAW_OK(cudnnSetStream(h, s) == CUDNN_STATUS_SUCCESS);
+  RAW_OK(cudnnSetStream(h, s2) == CUDNN_STATUS_SUCCESS);
   cudnnTensorDescriptor_t td;
   RAW_OK(cudnnCreateTensorDescriptor(&td) == CUDNN_STATUS_SUCCESS);
   RAW_OK(cudnnSetTensor4dDescriptor(td, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, 1, 1, n, n) ==
@@ -388,6 +395,7 @@ void raw_thread(const options& o, const float* dw, const std::vector<request_dat
     RAW_OK(cudaMalloc(&sl.dy, bytes) == cudaSuccess);
     RAW_OK(cudaMalloc(&sl.dz, bytes) == cudaSuccess);
     RAW_OK(cudaEventCreateWithFlags(&sl.ev, cudaEventDisableTiming) == cudaSuccess);
+    if (hop) RAW_OK(cudaEventCreateWithFlags(&sl.mid, cudaEventDisableTiming) == cudaSuccess);
     if (ab) {
       RAW_OK(cudaMallocHost(&sl.pb, bytes) == cudaSuccess);
       RAW_OK(cudaMalloc(&sl.db, bytes) == cudaSuccess);
@@ -405,9 +413,13 @@ void raw_thread(const options& o, const float* dw, const std::vector<request_dat
     }
     RAW_OK(cublasSgemm(b, CUBLAS_OP_N, CUBLAS_OP_N, n, n, n, &one, sl.dx, n, dw, n, &zero, sl.dy,
                        n) == CUBLAS_STATUS_SUCCESS);
+    if (hop) {
+      RAW_OK(cudaEventRecord(sl.mid, s) == cudaSuccess);
+      RAW_OK(cudaStreamWaitEvent(s2, sl.mid, 0) == cudaSuccess);
+    }
     RAW_OK(cudnnActivationForward(h, ad, &one, td, sl.dy, &zero, td, sl.dz) ==
            CUDNN_STATUS_SUCCESS);
-    RAW_OK(cudaMemcpyAsync(sl.pz, sl.dz, bytes, cudaMemcpyDeviceToHost, s) == cudaSuccess);
+    RAW_OK(cudaMemcpyAsync(sl.pz, sl.dz, bytes, cudaMemcpyDeviceToHost, s2) == cudaSuccess);
   };
   void* workspace = nullptr;  // cuBLAS's workspace in the captured graphs
   if (graph) {
@@ -444,13 +456,14 @@ void raw_thread(const options& o, const float* dw, const std::vector<request_dat
         RAW_OK(cudaGraphLaunch(sl.exec, s) == cudaSuccess);
       else
         enqueue(sl);
-      RAW_OK(cudaEventRecord(sl.ev, s) == cudaSuccess);
+      RAW_OK(cudaEventRecord(sl.ev, s2) == cudaSuccess);
       sl.busy = true;
     }
   }
   for (auto& sl : slots) {
     if (sl.exec) cudaGraphExecDestroy(sl.exec);
     cudaEventDestroy(sl.ev);
+    if (sl.mid) cudaEventDestroy(sl.mid);
     cudaFreeHost(sl.px);
     cudaFreeHost(sl.pz);
     cudaFree(sl.dx);
@@ -464,6 +477,7 @@ void raw_thread(const options& o, const float* dw, const std::vector<request_dat
   cudnnDestroy(h);
   cublasDestroy(b);
   if (workspace) cudaFree(workspace);
+  if (hop) cudaStreamDestroy(s2);
   cudaStreamDestroy(s);
 }
 
@@ -482,6 +496,7 @@ result_row run_raw(const options& o, const float* dw, const std::vector<request_
   win.join();
   return finish(kind == raw_kind::graph        ? "raw_graph"
                 : kind == raw_kind::serve_gemm ? "raw_serve_gemm"
+                : kind == raw_kind::hop        ? "raw_hop"
                                                : "raw",
                 in_flight, win, lat, wrong.load());
 }
@@ -505,7 +520,9 @@ int usage(const char* why) {
                "Diagnostics, not in the default list: composed_own (composed with actors\n"
                "and an upload stream of each request slot's own: no stream shared between\n"
                "requests) and raw_graph (raw CUDA with each slot's four calls captured once\n"
-               "into a CUDA graph, one cudaGraphLaunch per request). serve_gemm: the\n"
+               "into a CUDA graph, one cudaGraphLaunch per request), raw_hop (raw CUDA\n"
+               "with the relu and the download on a second stream of the thread that\n"
+               "waits for the gemm's event: a composed unit's two streams). serve_gemm: the\n"
                "request of atomr-serve's /v1/gemm (pageable uploads of both N x N factors,\n"
                "the gemm, pageable download; one element checked) as one compose() unit,\n"
                "against raw CUDA doing that request (its row's raw columns), for the\n"
@@ -568,9 +585,11 @@ int main(int argc, char** argv) {
     if (f < 1 || f > 4096) return usage("--in-flight wants counts in 1..4096");
   for (auto& v : o.variants)
     if (v != "per_op" && v != "composed" && v != "fused" && v != "graph" && v != "fused_graph" &&
-        v != "composed_own" && v != "raw_graph" && v != "serve_gemm" && v != "serve_gemm_alloc")
+        v != "composed_own" && v != "raw_graph" && v != "raw_hop" && v != "serve_gemm" &&
+        v != "serve_gemm_alloc")
       return usage(
           "--variants: per_op, composed, fused, graph, fused_graph, composed_own, raw_graph, "
+          "raw_hop, "
           "serve_gemm, serve_gemm_alloc");
   bench::require_gpu(prog);
 
@@ -659,6 +678,7 @@ int main(int argc, char** argv) {
       const auto raw = serve_like(v) ? run_raw(o, dw, data, f, raw_kind::serve_gemm) : pipeline_raw;
       if (serve_like(v)) wrong_total += raw.wrong;
       const auto r = v == "raw_graph" ? run_raw(o, dw, data, f, raw_kind::graph)
+                     : v == "raw_hop" ? run_raw(o, dw, data, f, raw_kind::hop)
                                       : run_library(c, slots, v, f, o);
       wrong_total += r.wrong;
       std::printf("%-11s %6d %10.0f %9.1f %9.1f %9.1f %10.0f %9.1f %9.1f %7.3f %6ld\n", v.c_str(),
