@@ -409,8 +409,9 @@ struct cudnn_lane : lane_base {
     return outcome::success();
   }
 
-  /// Inside a recording (lane_hold): the handle on the recording's stream.
-  /// Lock held.
+  /// An enqueue on another stream than the lane's (lane_hold: a recording,
+  /// or a unit's step following its previous step): the handle on that
+  /// stream. Lock held.
   result<void> bind(launch& l) {
     BOOST_OUTCOME_TRY(auto h, get_handle());
     return ok(cudnnSetStream(h, l.native_stream()), "cudnnSetStream");
@@ -743,8 +744,10 @@ asio::awaitable<result<gpu_ref<T>>> activation(std::shared_ptr<cudnn_state> st, 
     co_return co_await remote_op(st, wire::actor_op::activation, wire::activation_args{s, p}, y, x,
                                  y);
   cudnn_lane* lane = &st->lane(y.state().get());
+  // No workspace or plan: in a unit, on its previous step's stream.
+  const stream on = unit_step_stream(unit_of(co_await asio::this_coro::executor), lane->strm);
   co_return co_await run_kernel(
-      "cudnn", lane->strm, st->how, y,
+      "cudnn", on, st->how, y,
       [st, lane, s, p, x, y](launch& l) -> result<std::tuple<gpu_ref<T>, keep_io>> {
         BOOST_OUTCOME_TRY(const T* px, l.read(x));
         BOOST_OUTCOME_TRY(T * py, l.write(y));
@@ -793,8 +796,10 @@ asio::awaitable<result<gpu_ref<T>>> softmax(std::shared_ptr<cudnn_state> st, ten
   if (st->remote_id)
     co_return co_await remote_op(st, wire::actor_op::softmax, wire::softmax_args{s, a}, y, x, y);
   cudnn_lane* lane = &st->lane(y.state().get());
+  // No workspace or plan: in a unit, on its previous step's stream.
+  const stream on = unit_step_stream(unit_of(co_await asio::this_coro::executor), lane->strm);
   co_return co_await run_kernel(
-      "cudnn", lane->strm, st->how, y,
+      "cudnn", on, st->how, y,
       [st, lane, s, a, x, y](launch& l) -> result<std::tuple<gpu_ref<T>, keep_io>> {
         BOOST_OUTCOME_TRY(const T* px, l.read(x));
         BOOST_OUTCOME_TRY(T * py, l.write(y));
@@ -821,8 +826,10 @@ asio::awaitable<result<gpu_ref<T>>> pooling(std::shared_ptr<cudnn_state> st, ten
   if (st->remote_id)
     co_return co_await remote_op(st, wire::actor_op::pooling, wire::pooling_args{xs, p}, y, x, y);
   cudnn_lane* lane = &st->lane(y.state().get());
+  // No workspace or plan: in a unit, on its previous step's stream.
+  const stream on = unit_step_stream(unit_of(co_await asio::this_coro::executor), lane->strm);
   co_return co_await run_kernel(
-      "cudnn", lane->strm, st->how, y,
+      "cudnn", on, st->how, y,
       [st, lane, xs, ys, p, x, y](launch& l) -> result<std::tuple<gpu_ref<T>, keep_io>> {
         BOOST_OUTCOME_TRY(const T* px, l.read(x));
         BOOST_OUTCOME_TRY(T * py, l.write(y));
@@ -872,8 +879,10 @@ asio::awaitable<result<gpu_ref<T>>> batchnorm(std::shared_ptr<cudnn_state> st, t
   using keep_t = std::tuple<gpu_ref<T>, gpu_ref<float>, gpu_ref<float>, gpu_ref<float>,
                             gpu_ref<float>, keep_io>;
   cudnn_lane* lane = &st->lane(y.state().get());
+  // No workspace or plan: in a unit, on its previous step's stream.
+  const stream on = unit_step_stream(unit_of(co_await asio::this_coro::executor), lane->strm);
   co_return co_await run_kernel(
-      "cudnn", lane->strm, st->how, y,
+      "cudnn", on, st->how, y,
       [st, lane, s, eps, x, scale, bias, mean, var, y](launch& l) -> result<keep_t> {
         BOOST_OUTCOME_TRY(const T* px, l.read(x));
         BOOST_OUTCOME_TRY(const float* ps, l.read(scale));

@@ -407,6 +407,114 @@ TEST_CASE_FIXTURE(compose_fixture,
 }
 
 #if ATOMR_CUDA_HAS_CUDNN
+TEST_CASE_FIXTURE(compose_fixture,
+                  "compose: a cuDNN activation step runs on its previous step's stream (one "
+                  "event for upload, gemm, relu, download), and its lane's handle goes back") {
+  // The gemm is long (n = 2048) and the relu reads its output: had the relu
+  // run on its own lane's stream without a wait, z would hold NaN or a
+  // partial product. One lane, so the relu awaited alone below (and the one
+  // racing the unit) use the handle the unit's step pointed elsewhere.
+  constexpr int n = 2048;
+  const auto xv = random_floats(std::size_t{n} * n, 31), wv = random_floats(std::size_t{n} * n, 32);
+  auto w = alloc<float>(wv.size());
+  REQUIRE(run(upload(wv, w)));
+  auto dnn = cudnn_actor::create(dev, {.max_lanes = 1}).value();
+  const tensor_shape shape{1, 1, n, n};
+  auto relu_error = [&](const std::vector<float>& got) {
+    double num = 0, den = 0;
+    for (int c = 0; c < n; c += 13)
+      for (int row = 0; row < n; row += 11) {
+        const double ref = std::max(gemm_ref(xv, wv, n, row, c), 0.0);
+        const double g = got[static_cast<std::size_t>(c) * n + row];
+        num += (g - ref) * (g - ref);
+        den += ref * ref + 1e-30;
+      }
+    return std::sqrt(num / den);
+  };
+  for (int round = 0; round < 3; ++round) {
+    CAPTURE(round);
+    auto x = nan_floats(xv.size()), y = nan_floats(xv.size()), z = nan_floats(xv.size());
+    std::vector<float> out(xv.size(), std::nanf(""));
+    const auto before = dev.statistics();
+    auto r = run(compose(dev, upload(xv, x), blas.gemm(square(n), x, w, y),
+                         dnn.activation_forward(shape, {}, y, z), download(z, out)));
+    REQUIRE_MESSAGE(r, (r ? "" : r.error().message()));
+    CHECK(relu_error(out) < 1e-5);
+    // Before: the relu on its lane's stream, a run and an event of its own.
+    CHECK(dev.statistics().unit_events - before.unit_events == 1);
+    check_settled(before, 4, 0);
+    // The lane's handle is back on its own stream: the same relu alone.
+    auto z2 = nan_floats(xv.size());
+    REQUIRE(run(dnn.activation_forward(shape, {}, y, z2)));
+    CHECK(download_floats(z2) == out);
+  }
+  // A relu that leads a unit has no previous step: its lane's stream, and
+  // the download follows it there (one event).
+  {
+    auto y = alloc<float>(xv.size()), z = nan_floats(xv.size());
+    REQUIRE(run(upload(xv, y)));
+    std::vector<float> out(xv.size(), std::nanf(""));
+    const auto before = dev.statistics();
+    auto r = run(compose(dev, dnn.activation_forward(shape, {}, y, z), download(z, out)));
+    REQUIRE_MESSAGE(r, (r ? "" : r.error().message()));
+    CHECK(dev.statistics().unit_events - before.unit_events == 1);
+    std::size_t wrong = 0;
+    for (std::size_t i = 0; i < xv.size(); ++i) wrong += out[i] != std::max(xv[i], 0.0f);
+    CHECK(wrong == 0);
+    check_settled(before, 2, 0);
+  }
+  // Units whose relu follows a long gemm, racing relus awaited alone on the
+  // same lane from other coroutines: every result right.
+  {
+    constexpr int units = 4, alone = 16;
+    std::vector<gpu_ref<float>> xs, ys, zs, as, bs;
+    for (int i = 0; i < units; ++i) {
+      xs.push_back(alloc<float>(xv.size()));
+      ys.push_back(nan_floats(xv.size()));
+      zs.push_back(nan_floats(xv.size()));
+    }
+    for (int i = 0; i < alone; ++i) {
+      as.push_back(alloc<float>(std::size_t{n}));
+      bs.push_back(nan_floats(std::size_t{n}));
+    }
+    std::vector<float> small(std::size_t{n});
+    for (int i = 0; i < n; ++i) small[static_cast<std::size_t>(i)] = float(i % 7) - 3.0f;
+    for (auto& a : as) REQUIRE(run(upload(small, a)));
+    std::vector<std::vector<float>> outs(units, std::vector<float>(xv.size(), std::nanf("")));
+    int ok_units = 0, ok_alone = 0, finished = 0;
+    for (int i = 0; i < units; ++i)
+      asio::co_spawn(
+          ioc,
+          [&, i]() -> asio::awaitable<void> {
+            auto r = co_await compose(dev, upload(xv, xs[i]), blas.gemm(square(n), xs[i], w, ys[i]),
+                                      dnn.activation_forward(shape, {}, ys[i], zs[i]),
+                                      download(zs[i], outs[i]));
+            if (r) ++ok_units;
+            ++finished;
+          },
+          asio::detached);
+    for (int i = 0; i < alone; ++i)
+      asio::co_spawn(
+          ioc,
+          [&, i]() -> asio::awaitable<void> {
+            auto r = co_await dnn.activation_forward({1, 1, 1, n}, {}, as[i], bs[i]);
+            if (r) ++ok_alone;
+            ++finished;
+          },
+          asio::detached);
+    REQUIRE(run_until([&] { return finished == units + alone; }, std::chrono::seconds(60)));
+    CHECK(ok_units == units);
+    CHECK(ok_alone == alone);
+    for (int i = 0; i < units; ++i) CHECK(relu_error(outs[i]) < 1e-5);
+    std::size_t wrong = 0;
+    for (int i = 0; i < alone; ++i) {
+      const auto b = download_floats(bs[i]);
+      for (std::size_t k = 0; k < b.size(); ++k) wrong += b[k] != std::max(small[k], 0.0f);
+    }
+    CHECK(wrong == 0);
+  }
+}
+
 namespace {
 
 /// One request size of the stress: the weights W (host, and device-resident),

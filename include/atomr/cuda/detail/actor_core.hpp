@@ -119,19 +119,21 @@ inline gpu_error stuck_lane_error() {
                     "recording; the lane refuses further work (create a new actor)");
 }
 
-/// Holds a lane's lock for one enqueue (lane_base::mu). Inside a recording
-/// (launch::recording(), graph.hpp) it also points the lane's library handle
-/// at the recording's stream (`lane.bind(l)`) and back at the lane's own
-/// (`lane.unbind()`) before the lock is released, so that the step's calls
-/// are captured and no other coroutine's are (docs/design.md, "Recorded
-/// units"). Check status() before using the handle.
+/// Holds a lane's lock for one enqueue (lane_base::mu). When the enqueue is
+/// on another stream than the lane's (inside a recording, launch::recording()
+/// and graph.hpp; or a unit's step that follows its previous step's stream,
+/// unit_step_stream) it also points the lane's library handle at that stream
+/// (`lane.bind(l)`) and back at the lane's own (`lane.unbind()`) before the
+/// lock is released, so that the step's calls go there and no other
+/// coroutine's do (docs/design.md, "Recorded units"). Check status() before
+/// using the handle.
 template <class Lane>
 class lane_hold {
 public:
   lane_hold(Lane& lane, launch& l) : lane_(lane), lock_(lane.mu) {
     if (lane.stuck) {
       status_ = stuck_lane_error();
-    } else if (l.recording()) {
+    } else if (l.recording() || l.native_stream() != lane.strm.native_handle()) {
       status_ = lane.bind(l);
       bound_ = status_.has_value();
     }

@@ -160,4 +160,17 @@ inline unit_recorder* unit_of(const asio::any_io_executor& ex) noexcept {
   return u ? u->recorder() : nullptr;
 }
 
+/// The stream of a step that may run on any stream of its device (an actor
+/// operation that uses no workspace or plan of its lane: cuDNN's activation,
+/// softmax, pooling, batch normalisation): inside a unit, the stream of the
+/// unit's previous step when that is on `own`'s device, so the two steps
+/// share one run and need no cross-stream wait (docs/design.md, "A unit's
+/// workspace-free steps follow its previous step"); else `own`, the lane's.
+/// The lane's handle is pointed at it for the call (lane_hold).
+inline stream unit_step_stream(const unit_recorder* unit, const stream& own) {
+  if (!unit || unit->capture || unit->stages.empty()) return own;
+  const stream& prev = unit->stages.back().on;
+  return prev && prev.get_device() == own.get_device() ? prev : own;
+}
+
 }  // namespace atomr::cuda::detail
