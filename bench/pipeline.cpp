@@ -116,7 +116,7 @@ request_data make_request_data(const std::vector<float>& w, int n, std::uint64_t
 struct result_row {
   std::string variant;
   int in_flight = 0;
-  double req_per_s = 0, p50_us = 0, p99_us = 0, cpu_us_per_req = 0;
+  double req_per_s = 0, p50_us = 0, p99_us = 0, mean_us = 0, cpu_us_per_req = 0;
   long wrong = 0;
 };
 
@@ -149,6 +149,7 @@ result_row finish(std::string variant, int in_flight, window& win,
   r.req_per_s = double(all.size()) / secs;
   r.p50_us = s.median;
   r.p99_us = s.p99;
+  r.mean_us = s.mean;
   r.cpu_us_per_req = all.empty() ? 0 : (win.cpu_end - win.cpu_start) / double(all.size());
   r.wrong = wrong;
   return r;
@@ -516,7 +517,8 @@ int usage(const char* why) {
                "then replay() with the input and output in pinned memory), fused_graph\n"
                "(the fused unit recorded); each against raw CUDA (four calls) with the\n"
                "same requests in flight (default 4,16,512) on T threads (default 4).\n"
-               "Reports req/s, p50 and p99 latency, process CPU time per request.\n"
+               "Reports req/s, p50, p99 and mean latency (raw CUDA's too), process CPU time\n"
+               "per request.\n"
                "Diagnostics, not in the default list: composed_own (composed with actors\n"
                "and an upload stream of each request slot's own: no stream shared between\n"
                "requests) and raw_graph (raw CUDA with each slot's four calls captured once\n"
@@ -663,8 +665,9 @@ int main(int argc, char** argv) {
   std::printf("%s: %s, n = %d, %d threads, %.1f s windows%s%s\n", prog,
               bench::device_name().c_str(), n, o.threads, o.seconds, deadline.c_str(),
               tuned.c_str());
-  std::printf("%-11s %6s %10s %9s %9s %9s %10s %9s %9s %7s %6s\n", "variant", "in_fl", "req/s",
-              "p50 us", "p99 us", "CPU us", "raw req/s", "raw p50", "raw CPU", "ratio", "wrong");
+  std::printf("%-11s %6s %10s %9s %9s %9s %10s %9s %9s %7s %6s %9s %9s %9s\n", "variant", "in_fl",
+              "req/s", "p50 us", "p99 us", "CPU us", "raw req/s", "raw p50", "raw CPU", "ratio",
+              "wrong", "mean us", "raw p99", "raw mean");
   std::vector<bench::json> rows;
   long wrong_total = 0;
   auto serve_like = [](const std::string& v) { return v.starts_with("serve_gemm"); };
@@ -681,19 +684,22 @@ int main(int argc, char** argv) {
                      : v == "raw_hop" ? run_raw(o, dw, data, f, raw_kind::hop)
                                       : run_library(c, slots, v, f, o);
       wrong_total += r.wrong;
-      std::printf("%-11s %6d %10.0f %9.1f %9.1f %9.1f %10.0f %9.1f %9.1f %7.3f %6ld\n", v.c_str(),
-                  f, r.req_per_s, r.p50_us, r.p99_us, r.cpu_us_per_req, raw.req_per_s, raw.p50_us,
-                  raw.cpu_us_per_req, raw.req_per_s > 0 ? r.req_per_s / raw.req_per_s : 0.0,
-                  r.wrong + raw.wrong);
+      std::printf(
+          "%-11s %6d %10.0f %9.1f %9.1f %9.1f %10.0f %9.1f %9.1f %7.3f %6ld %9.1f %9.1f %9.1f\n",
+          v.c_str(), f, r.req_per_s, r.p50_us, r.p99_us, r.cpu_us_per_req, raw.req_per_s,
+          raw.p50_us, raw.cpu_us_per_req, raw.req_per_s > 0 ? r.req_per_s / raw.req_per_s : 0.0,
+          r.wrong + raw.wrong, r.mean_us, raw.p99_us, raw.mean_us);
       rows.push_back(bench::json::object({{"variant", r.variant},
                                           {"in_flight", f},
                                           {"req_per_s", r.req_per_s},
                                           {"p50_us", r.p50_us},
                                           {"p99_us", r.p99_us},
+                                          {"mean_us", r.mean_us},
                                           {"cpu_us_per_req", r.cpu_us_per_req},
                                           {"raw_req_per_s", raw.req_per_s},
                                           {"raw_p50_us", raw.p50_us},
                                           {"raw_p99_us", raw.p99_us},
+                                          {"raw_mean_us", raw.mean_us},
                                           {"raw_cpu_us_per_req", raw.cpu_us_per_req},
                                           {"wrong", r.wrong + raw.wrong}}));
     }
