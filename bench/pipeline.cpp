@@ -510,6 +510,7 @@ int usage(const char* why) {
                "usage: %s [--n N] [--threads T] [--in-flight LIST] [--variants LIST]\n"
                "          [--seconds S] [--device D] [--timeout-ms MS] [--json FILE]\n"
                "          [--launch-threads N] [--launch-spin-us U] [--strategy S]\n"
+               "          [--io-spin-us U]\n"
                "One request: pageable upload of N x N f32 (default 256), gemm with device\n"
                "weights, cuDNN relu, pageable download, one element checked. Variants:\n"
                "per_op (four awaits), composed (one compose() unit), fused (one unit with\n"

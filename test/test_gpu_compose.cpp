@@ -416,8 +416,7 @@ TEST_CASE_FIXTURE(compose_fixture,
   // racing the unit) use the handle the unit's step pointed elsewhere.
   constexpr int n = 2048;
   const auto xv = random_floats(std::size_t{n} * n, 31), wv = random_floats(std::size_t{n} * n, 32);
-  auto w = alloc<float>(wv.size());
-  REQUIRE(run(upload(wv, w)));
+  const auto w = upload_floats(wv, dev.main_stream());
   auto dnn = cudnn_actor::create(dev, {.max_lanes = 1}).value();
   const tensor_shape shape{1, 1, n, n};
   auto relu_error = [&](const std::vector<float>& got) {
@@ -451,8 +450,7 @@ TEST_CASE_FIXTURE(compose_fixture,
   // A relu that leads a unit has no previous step: its lane's stream, and
   // the download follows it there (one event).
   {
-    auto y = alloc<float>(xv.size()), z = nan_floats(xv.size());
-    REQUIRE(run(upload(xv, y)));
+    auto y = upload_floats(xv, dev.main_stream()), z = nan_floats(xv.size());
     std::vector<float> out(xv.size(), std::nanf(""));
     const auto before = dev.statistics();
     auto r = run(compose(dev, dnn.activation_forward(shape, {}, y, z), download(z, out)));
