@@ -289,6 +289,12 @@ constexpr std::size_t k_max_waits = 512;  // waits of a lane taken per step
 constexpr std::size_t k_chunk = 16;       // completions run by one handler
 }  // namespace
 
+void poll_hub::look_again() {
+  if (!again_.exchange(false)) return;
+  std::lock_guard lk(mu_);
+  if (count_ > 0) schedule_locked(true, clock::duration::zero());
+}
+
 void poll_hub::step(bool full) {
   // One step at a time; a step that finds another running leaves the next
   // look to it (it schedules one whenever waits remain).
@@ -315,8 +321,17 @@ void poll_hub::step(bool full) {
   std::vector<std::shared_ptr<polled_wait>> rejected;
   std::uint64_t epoch = 0;
   {
-    std::lock_guard lk(mu_);
-    if (count_ == 0) return;
+    std::unique_lock lk(mu_);
+    if (count_ == 0) {
+      // Nothing to look at. A wait added once mu_ is let go here has its
+      // step turned away while this one still holds step_mu_: this exit too
+      // checks again_ after letting go. (It returned without, and such a
+      // wait stayed unpolled until a later add or timer came, for ever if
+      // every waiter was behind it.)
+      lk.unlock();
+      step_lock.unlock();
+      return look_again();
+    }
     if (!accepting_()) {
       // Queued work (not enqueued yet) is failed by its drain, which is due:
       // each enqueue checks the device first.
@@ -443,10 +458,7 @@ void poll_hub::step(bool full) {
                                                         std::chrono::seconds(1)));
   }
   step_lock.unlock();
-  if (again_.exchange(false)) {
-    std::lock_guard lk(mu_);
-    if (count_ > 0) schedule_locked(true, clock::duration::zero());
-  }
+  look_again();
 
   // 4. The handlers, outside both locks (they may add waits), in chunks of
   //    k_chunk: the first chunk on this thread, the others posted so that

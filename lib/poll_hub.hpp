@@ -122,6 +122,10 @@ private:
   /// that is not done (a safety net for waits registered in a different
   /// order than their events were recorded).
   void step(bool full);
+  /// After a step released step_mu_: when another step was turned away
+  /// meanwhile (again_) and waits remain, schedules one. Every exit of a step
+  /// that took step_mu_ goes through here.
+  void look_again();
   void schedule_locked(bool spin, clock::duration pause);
 
   asio::any_io_executor ex_;
