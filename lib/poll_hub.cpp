@@ -1,6 +1,7 @@
 #include "poll_hub.hpp"
 
 #include "cpu_relax.hpp"
+#include "run_each.hpp"
 
 #include <boost/asio/post.hpp>
 #include <boost/asio/steady_timer.hpp>
@@ -287,6 +288,12 @@ constexpr std::size_t k_batch = 16;       // events of a lane looked at per step
 constexpr std::size_t k_full_batch = 64;  // the same, on a timer step
 constexpr std::size_t k_max_waits = 512;  // waits of a lane taken per step
 constexpr std::size_t k_chunk = 16;       // completions run by one handler
+
+/// A wait a step found finished, with its event's status.
+struct finished {
+  std::shared_ptr<polled_wait> w;
+  cudaError_t status;
+};
 }  // namespace
 
 void poll_hub::look_again() {
@@ -382,11 +389,7 @@ void poll_hub::step(bool full) {
 
   // 3. Under the lock: take the finished runs out of their lanes, follow
   //    each lane past its finished oldest, and decide when to look again.
-  struct ready {
-    std::shared_ptr<polled_wait> w;
-    cudaError_t status;
-  };
-  std::vector<ready> done;
+  std::vector<finished> done;
   const auto now = clock::now();
   {
     std::lock_guard lk(mu_);
@@ -463,20 +466,25 @@ void poll_hub::step(bool full) {
   // 4. The handlers, outside both locks (they may add waits), in chunks of
   //    k_chunk: the first chunk on this thread, the others posted so that
   //    every io thread can take some. (One post per completion cost a queue
-  //    round trip each; a batch of a few hundred completes at once.)
+  //    round trip each; a batch of a few hundred completes at once.) A
+  //    handler runs inline and may throw (a co_spawn completion handler that
+  //    rethrows): the rest of its chunk is posted before the exception
+  //    leaves (run_each), so no other wait is dropped with it.
   for (auto& w : rejected) w->polled_reject();
   if (done.empty()) return;
+  const auto complete = [](finished& d) { d.w->polled_complete(d.status, true); };
   const std::size_t first = std::min(done.size(), k_chunk);
   for (std::size_t i = first; i < done.size(); i += k_chunk) {
-    std::vector<ready> chunk(
+    std::vector<finished> chunk(
         std::make_move_iterator(done.begin() + static_cast<std::ptrdiff_t>(i)),
         std::make_move_iterator(done.begin() +
                                 static_cast<std::ptrdiff_t>(std::min(done.size(), i + k_chunk))));
-    asio::post(ex_, [chunk = std::move(chunk)] {
-      for (auto& d : chunk) d.w->polled_complete(d.status, true);
+    asio::post(ex_, [ex = ex_, chunk = std::move(chunk), complete]() mutable {
+      run_each(ex, std::move(chunk), complete);
     });
   }
-  for (std::size_t i = 0; i < first; ++i) done[i].w->polled_complete(done[i].status, true);
+  done.resize(first);
+  run_each(ex_, std::move(done), complete);
 }
 
 }  // namespace atomr::cuda::detail

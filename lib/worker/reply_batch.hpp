@@ -3,6 +3,8 @@
 // chunk at a time (docs/design.md, "The request rings"). Not installed.
 #pragma once
 
+#include "../run_each.hpp"
+
 #include <boost/asio/any_completion_handler.hpp>
 #include <boost/asio/any_io_executor.hpp>
 #include <boost/asio/post.hpp>
@@ -55,18 +57,7 @@ public:
     post(ex_, items_);
     std::vector<completion> here;
     std::swap(here, here_);
-    for (std::size_t i = 0; i < here.size(); ++i) {
-      try {
-        std::move(here[i])();
-      } catch (...) {
-        // Moved out one by one: erase() would move-assign, which Boost
-        // 1.81's any_completion_handler gets wrong (remote.cpp, call_wait).
-        std::vector<completion> rest;
-        for (std::size_t j = i + 1; j < here.size(); ++j) rest.emplace_back(std::move(here[j]));
-        post(here_ex_, rest);
-        throw;
-      }
-    }
+    run_each(here_ex_, std::move(here), invoke);
   }
   /// The batch open on this thread, or null.
   static reply_batch* open() noexcept { return current(); }
@@ -97,10 +88,11 @@ private:
     if (v.empty()) return;
     std::vector<completion> run;
     std::swap(run, v);
-    boost::asio::post(ex, [run = std::move(run)]() mutable {
-      for (auto& c : run) std::move(c)();
-    });
+    // A completion that throws there posts the rest of its chunk first.
+    boost::asio::post(
+        ex, [ex, run = std::move(run)]() mutable { run_each(ex, std::move(run), invoke); });
   }
+  static void invoke(completion& c) { std::move(c)(); }
 
   static reply_batch*& current() noexcept {
     thread_local reply_batch* b = nullptr;
