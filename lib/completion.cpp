@@ -275,7 +275,7 @@ public:
     else if (current != cudaSuccess)
       r = fault(current, "cudaSetDevice");
     else
-      r = what_.fn(what_.ctx, *launch_);
+      r = run_enqueue();
     if (r) {
       status_->enqueued = true;
       return true;
@@ -320,6 +320,20 @@ public:
 
 private:
   enum : int { queued, enqueuing, waiting, dropped };
+
+  /// The enqueue; one that throws fails this operation alone (run_kernel's
+  /// own enqueue catches, and rethrows in its coroutine): an exception left
+  /// here would end a launch thread (std::terminate) or leave the drain with
+  /// the batch's other operations unfinished and the stream's queue marked
+  /// as draining for ever.
+  result<void> run_enqueue() {
+    try {
+      return what_.fn(what_.ctx, *launch_);
+    } catch (...) {
+      return make_error(errc::invalid_argument,
+                        std::string(library_) + ": the deferred enqueue threw an exception");
+    }
+  }
 
   void cancel() {
     int expected = queued;

@@ -12,6 +12,8 @@
 
 #include <algorithm>
 #include <optional>
+#include <stdexcept>
+#include <string>
 #include <thread>
 #include <variant>
 
@@ -57,6 +59,15 @@ struct long_gemm : gpu_fixture {
     CHECK(gemm_rel_error(av, bv, out, long_n, 256) < 1e-5);
   }
 };
+/// prefer_batching on this thread while it lives, off again however the
+/// test leaves (a thread left preferring batching would change every later test).
+struct preferring {
+  preferring() { detail::prefer_batching(true); }
+  ~preferring() { detail::prefer_batching(false); }
+  preferring(const preferring&) = delete;
+  preferring& operator=(const preferring&) = delete;
+};
+
 }  // namespace
 
 TEST_CASE_FIXTURE(gpu_fixture, "each strategy completes a copy round trip and an sgemm correctly") {
@@ -121,14 +132,7 @@ TEST_CASE_FIXTURE(gpu_fixture,
   CHECK(enqueued_on == me);
   CHECK(holds(0x11));
 
-  // On for the rest of this scope, off again however the test leaves it
-  // (a thread left preferring batching would change every later test).
-  struct preferring {
-    preferring() { detail::prefer_batching(true); }
-    ~preferring() { detail::prefer_batching(false); }
-    preferring(const preferring&) = delete;
-    preferring& operator=(const preferring&) = delete;
-  };
+  // On for the rest of this scope, off again however the test leaves it.
   std::optional<preferring> on(std::in_place);
   bool other = true;
   std::thread([&] { other = detail::batching_preferred(); }).join();
@@ -151,6 +155,59 @@ TEST_CASE_FIXTURE(gpu_fixture,
   CHECK(holds(0x33));
   on.reset();
   CHECK_FALSE(detail::batching_preferred());
+  CHECK(dev.statistics().ops_in_flight == 0);
+}
+
+TEST_CASE_FIXTURE(gpu_fixture,
+                  "run_kernel: an enqueue that throws on the batch path leaves through its "
+                  "co_await, as on the inline path; the others of its batch and later ones run") {
+  // Before: the exception left the drain, which ended a launch thread
+  // (std::terminate) or, with the drains on the io threads, dropped the
+  // batch's other operations and left the stream's queue draining for ever.
+  auto s = dev.acquire_stream(stream_policy::per_actor_fresh).value();
+  auto a = alloc<float>(1024), b = alloc<float>(1024), c = alloc<float>(1024);
+  auto fill = [&](gpu_ref<float> buf, int byte, bool throws) {
+    return run_kernel("cuda", s, event_poll{}, buf, [buf, byte, throws](launch& l) -> result<int> {
+      if (throws) throw std::runtime_error("the enqueue threw");
+      BOOST_OUTCOME_TRY(float* p, l.write(buf));
+      if (auto st = cudaMemsetAsync(p, byte, buf.size() * sizeof(float), l.native_stream());
+          st != cudaSuccess)
+        return classify(st, "cudaMemsetAsync");
+      return 0;
+    });
+  };
+  auto holds = [&](const gpu_ref<float>& buf, unsigned char byte) {
+    const auto out = download_floats(buf);
+    const auto* p = reinterpret_cast<const unsigned char*>(out.data());
+    return std::all_of(p, p + out.size() * sizeof(float),
+                       [&](unsigned char x) { return x == byte; });
+  };
+  std::optional<preferring> on(std::in_place);  // every run_kernel here joins a batch
+  int ok = 0, threw = 0, done = 0;
+  auto one = [&](gpu_ref<float> buf, int byte, bool throws) -> asio::awaitable<void> {
+    try {
+      auto r = co_await fill(buf, byte, throws);
+      ok += r.has_value();
+    } catch (const std::runtime_error& e) {
+      threw += std::string(e.what()) == "the enqueue threw";
+    }
+    ++done;
+  };
+  const auto before = dev.statistics();
+  // Spawned together on this one io thread: queued in this order, drained together.
+  asio::co_spawn(ioc, one(a, 0x11, false), asio::detached);
+  asio::co_spawn(ioc, one(b, 0x22, true), asio::detached);
+  asio::co_spawn(ioc, one(c, 0x33, false), asio::detached);
+  REQUIRE(run_until([&] { return done == 3; }, 20s));
+  CHECK(ok == 2);
+  CHECK(threw == 1);
+  CHECK(dev.statistics().ops_batched - before.ops_batched == 3);
+  // The stream's queue goes on: a later batched operation runs.
+  REQUIRE(run(fill(b, 0x44, false)));
+  on.reset();
+  CHECK(holds(a, 0x11));
+  CHECK(holds(b, 0x44));
+  CHECK(holds(c, 0x33));
   CHECK(dev.statistics().ops_in_flight == 0);
 }
 
