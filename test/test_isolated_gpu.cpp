@@ -172,6 +172,53 @@ asio::awaitable<int> checked_gemm(device dev, blas_actor blas, const std::vector
 }  // namespace
 
 TEST_CASE_FIXTURE(iso,
+                  "isolated: buffers allocated before the io_context first runs (the worker "
+                  "not started yet) are known to the worker when the first requests name them") {
+  // The allocations went to the socket, held until the worker's hello, while
+  // the uploads naming them went into the request rings, which the worker's
+  // ring threads read before that: stale_ref. Now they wait for the first
+  // link and go into its control ring, which the worker reads first.
+  dev = device(ioc.get_executor(), 0, options());
+  REQUIRE(dev.isolated());
+  REQUIRE(dev.health() == health_state::starting);  // a new state: nothing ran yet
+  constexpr int count = 8;
+  constexpr std::size_t len = 4096;
+  std::vector<gpu_ref<float>> bufs;
+  std::vector<std::vector<float>> host;
+  for (int i = 0; i < count; ++i) {
+    auto r = dev.allocate<float>(len);
+    REQUIRE_MESSAGE(r, (r ? "" : r.error().message()));
+    bufs.push_back(std::move(r).value());
+    host.push_back(random_floats(len, 500 + static_cast<std::uint64_t>(i)));
+  }
+  int left = count, failed = 0, wrong = 0;
+  std::string first_error;
+  for (int i = 0; i < count; ++i)
+    asio::co_spawn(
+        ioc,
+        [&, i]() -> asio::awaitable<void> {
+          const auto k = static_cast<std::size_t>(i);
+          std::vector<float> back(len, std::nanf(""));
+          result<void> down = outcome::success();
+          if (auto up = co_await upload(host[k], bufs[k]); !up)
+            down = up.error();
+          else
+            down = co_await download(bufs[k], std::span<float>(back));
+          if (!down) {
+            if (failed++ == 0) first_error = down.error().message();
+          } else {
+            wrong += back != host[k];
+          }
+          --left;
+        },
+        asio::detached);
+  REQUIRE(run_until([&] { return left == 0; }, 60s));
+  CHECK_MESSAGE(failed == 0, first_error);
+  CHECK(wrong == 0);
+  CHECK(dev.health() == health_state::healthy);
+}
+
+TEST_CASE_FIXTURE(iso,
                   "isolated: upload, gemm (f32, f64) and download match a double-precision "
                   "reference; copy, fill_bytes, and transfers larger than the arena") {
   auto o = options();

@@ -279,6 +279,20 @@ struct worker_supervisor::impl : std::enable_shared_from_this<impl> {
   // incarnation's link, and the reply reader thread's state.
   std::mutex link_mu;
   std::shared_ptr<ring_link> link;  // guarded by link_mu
+  /// With rings: alloc and release notes made before the first link existed
+  /// (allocate() before the strand ran launch(), e.g. before io_context::run),
+  /// in order. launch() puts them into the new link's control ring before
+  /// publishing it, so they come before any request a ring carries (the
+  /// worker reads the control ring first). They went to the socket, held
+  /// until the hello, while requests naming their buffers went into the
+  /// rings: the worker's ring threads, started before its hello, took those
+  /// first and answered stale_ref. Guarded by link_mu.
+  struct control_note {
+    std::uint16_t kind, arg;
+    std::string payload;
+  };
+  std::vector<control_note> unlinked;
+  bool linked = false;  // a link was published once; guarded by link_mu
   std::atomic<std::uint64_t> link_gen{0};
   std::condition_variable link_cv;
   std::atomic<bool> reader_stop{false};
@@ -295,10 +309,17 @@ struct worker_supervisor::impl : std::enable_shared_from_this<impl> {
   }
 
   /// Installs the link of a new incarnation (or none), waking the reader.
+  /// A new link first gets the notes made before any link (`unlinked`).
   void set_link(std::shared_ptr<ring_link> l) {
     std::shared_ptr<ring_link> old;
     {
       std::lock_guard lk(link_mu);
+      if (l) {
+        // At most control_slots notes wait (fast_notify), and the ring is new.
+        for (auto& n : unlinked) l->v.control.push(0, n.kind, n.arg, n.payload);
+        unlinked.clear();
+        linked = true;
+      }
       old = std::exchange(link, std::move(l));
       link_gen.fetch_add(1, std::memory_order_acq_rel);
     }
@@ -464,7 +485,16 @@ struct worker_supervisor::impl : std::enable_shared_from_this<impl> {
   /// request: no wake of its own).
   enum class control { sent, full, no_link };
   control fast_notify(std::uint16_t kind, std::uint16_t arg, const std::string& payload) {
-    auto l = current_link();
+    std::shared_ptr<ring_link> l;
+    {
+      std::lock_guard lk(link_mu);
+      if (!link && !linked && opt.arena_bytes > 0) {  // rings to come: wait for the first
+        if (unlinked.size() >= wire::control_slots) return control::full;
+        unlinked.push_back({kind, arg, payload});
+        return control::sent;
+      }
+      l = link;
+    }
     if (!l || !l->accepting.load(std::memory_order_acquire)) return control::no_link;
     return l->v.control.push(0, kind, arg, payload) ? control::sent : control::full;
   }

@@ -831,9 +831,11 @@ private:
     for (;;) {
       std::size_t n = 0;
       if (q.ready()) {
-        drain_control();
         wire::ring_message m;
         while (q.pop(m)) {
+          // The allocations announced before this request first: a burst's
+          // later requests may name buffers announced after an earlier drain.
+          drain_control();
           ++n;
           ++outstanding_[r];
           asio::co_spawn(rio, ring_call(r, std::move(m)), asio::detached);
