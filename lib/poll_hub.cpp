@@ -336,6 +336,7 @@ void poll_hub::step(bool full) {
       // wait stayed unpolled until a later add or timer came, for ever if
       // every waiter was behind it.)
       lk.unlock();
+      if (empty_step_hook) empty_step_hook(*this);
       step_lock.unlock();
       return look_again();
     }

@@ -97,7 +97,13 @@ public:
   /// A thread that runs the batches of the lanes assigned to it (poll_hub.cpp).
   struct launcher;
 
+  /// Test only: called, when set (before any hub runs), by a step that found
+  /// the hub empty, after it let go of the hub's lock and before it lets go
+  /// of the step lock: test/test_poll_hub.cpp adds a wait there. Null in use.
+  static inline void (*empty_step_hook)(poll_hub&) = nullptr;
+
 private:
+  friend struct poll_hub_test_access;  // test/test_poll_hub.cpp: runs a step
   struct lane {
     cudaStream_t stream = nullptr;
     std::deque<std::shared_ptr<polled_wait>> waits;  // in the order their events were recorded

@@ -64,15 +64,21 @@ private:
 
 }  // namespace
 
+namespace atomr::cuda::detail {
+/// Runs one step of a hub on the calling thread (poll_hub's friend).
+struct poll_hub_test_access {
+  static void step(poll_hub& h) { h.step(false); }
+};
+}  // namespace atomr::cuda::detail
+
 TEST_CASE(
     "poll hub: waits added from many threads while steps run are each looked at and "
     "ended once (no lost wake-up)") {
   // One step runs at a time; a step turned away leaves the next look to the
   // running one (poll_hub::step, look_again). Without that hand-over a wait
   // added during a step stays unpolled: removing the running step's check
-  // fails this case at once. The same check was missing on the exit for an
-  // empty hub (fixed in session 36); that window is a few instructions wide
-  // and was not hit here in about 75 runs without the fix. In lock step, each
+  // fails this case at once (the empty-hub exit's window is too narrow to
+  // be hit here: the next case opens it on purpose). In lock step, each
   // round's last wait has no later add to rescue it, so a lost one shows.
   asio::io_context ioc;
   auto guard = asio::make_work_guard(ioc);
@@ -80,6 +86,8 @@ TEST_CASE(
       ioc.get_executor(), [] { return true; }, 8, 0, std::chrono::microseconds(0),
       std::chrono::microseconds(0));
   std::vector<std::thread> io;
+  // The runtime's start-up (the first cudaEventQuery) before the timed rounds.
+  (void)cudaEventQuery(nullptr);
   // More io threads than cores: a step is often preempted inside its
   // critical sections, which widens the windows between them.
   for (int i = 0; i < 8; ++i) io.emplace_back([&] { ioc.run(); });
@@ -147,4 +155,55 @@ TEST_CASE(
   CHECK(caught == 2);
   CHECK(ended.load() == n);
   for (const auto& w : waits) CHECK(w->ends() == 1);
+}
+
+namespace {
+/// What the empty-step hook adds, once, to `hub`.
+struct in_window {
+  poll_hub* hub = nullptr;
+  std::shared_ptr<instant_wait> wait;
+  bool used = false;
+};
+in_window* window = nullptr;
+}  // namespace
+
+TEST_CASE(
+    "poll hub: a wait added while a step that found the hub empty still holds the step "
+    "lock is looked at: that exit hands over too") {
+  // The step runs on this thread and finds the hub empty; in the window
+  // between its two unlocks the hook adds a wait, whose own step an io
+  // thread takes and is turned away by the step lock. Before the fix the
+  // empty exit returned without the hand-over, and the wait was never polled.
+  asio::io_context ioc;
+  auto guard = asio::make_work_guard(ioc);
+  auto hub = std::make_shared<poll_hub>(
+      ioc.get_executor(), [] { return true; }, 8, 0, std::chrono::microseconds(0),
+      std::chrono::microseconds(0));
+  (void)cudaEventQuery(nullptr);  // the runtime's start-up first
+  std::vector<std::thread> io;
+  for (int i = 0; i < 2; ++i) io.emplace_back([&] { ioc.run(); });
+  std::atomic<std::uint64_t> ended{0};
+  in_window w{hub.get(), std::make_shared<instant_wait>(
+                             reinterpret_cast<cudaStream_t>(std::uintptr_t{256}), &ended)};
+  window = &w;
+  poll_hub::empty_step_hook = [](poll_hub& h) {
+    if (!window || window->used || &h != window->hub) return;
+    window->used = true;
+    h.add(window->wait);
+    // Long enough for an io thread to take the wait's step and be turned away.
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  };
+  poll_hub_test_access::step(*hub);
+  poll_hub::empty_step_hook = nullptr;
+  window = nullptr;
+  const auto limit = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+  while (!w.wait->done() && std::chrono::steady_clock::now() < limit)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  guard.reset();
+  ioc.stop();
+  for (auto& t : io) t.join();
+  hub->clear();
+  CHECK(w.used);
+  CHECK(w.wait->done());
+  CHECK(w.wait->ends() == 1);
 }
