@@ -427,3 +427,47 @@ TEST_CASE_FIXTURE(io_fixture,
     CHECK(order.empty());
   }
 }
+
+namespace {
+/// A unit run as compose() runs it whose last step waits on a cancellable
+/// timer; its end (standing for finish_unit) reports the failure it is given.
+asio::awaitable<result<int>> unit_cancelled_in_last_step(std::vector<int>* order, bool* waiting) {
+  detail::unit_recorder rec;
+  const detail::unit_executor ex(co_await asio::this_coro::executor, &rec);
+  std::tuple<std::optional<result<int>>, std::optional<result<int>>> got;
+  bool a = false;
+  auto finish = [](detail::unit_recorder&,
+                   std::optional<gpu_error> failed) -> asio::awaitable<result<void>> {
+    if (failed) co_return *failed;
+    co_return outcome::success();
+  };
+  auto s1 = ordered_step(order, 1, &a, false);
+  auto s2 = timed_step(order, 2, waiting, std::chrono::seconds(2));
+  auto ended = co_await detail::run_unit(ex, got, finish, s1, s2);
+  if (!ended) co_return ended.error();
+  co_return 0;
+}
+}  // namespace
+
+TEST_CASE_FIXTURE(io_fixture,
+                  "a unit cancelled in its last step names that step: the error is the step's, "
+                  "not a moved-from one") {
+  // The cancellation makes the co_await of the unit's end throw before the
+  // end runs; run_unit then reports the step's error, which the unit had
+  // moved into the end's call (an empty message) before the fix.
+  std::vector<int> order;
+  bool waiting = false;
+  std::optional<result<int>> res;
+  asio::cancellation_signal sig;
+  async_from(
+      ioc.get_executor(), unit_cancelled_in_last_step(&order, &waiting),
+      asio::bind_cancellation_slot(sig.slot(), [&](result<int> r) { res.emplace(std::move(r)); }));
+  REQUIRE(run_until([&] { return waiting; }));
+  sig.emit(asio::cancellation_type::terminal);
+  REQUIRE(run_until([&] { return res.has_value(); }, std::chrono::seconds(30)));
+  REQUIRE_FALSE(*res);
+  CHECK(res->error().code() == errc::cancelled);
+  CAPTURE(res->error().message());
+  CHECK(res->error().message().find("step 2 of 2: ") != std::string::npos);
+  CHECK(order == std::vector<int>{1});
+}

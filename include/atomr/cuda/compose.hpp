@@ -151,7 +151,10 @@ asio::awaitable<void> unit_whole(unit_recorder& rec,
                                  std::optional<gpu_error>& failed, result<void>& ended,
                                  Finish& finish, const char* unit, std::index_sequence<I...> seq) {
   co_await unit_body<T...>(rec, std::move(steps), got, failed, unit, seq);
-  ended = co_await finish(rec, std::move(failed));
+  // A copy: a cancellation seen by the last step makes this co_await throw
+  // before finish runs, and run_unit's catch then reports `failed` (moved
+  // from, it had lost its message).
+  ended = co_await finish(rec, failed);
 }
 
 /// Ends a unit whose coroutine was torn down by an exception: records its
