@@ -190,6 +190,10 @@ asio::awaitable<result<void>> replay(recorded_unit unit, completion how) {
         if (l.recording())
           return make_error(errc::not_supported,
                             "replay: a recorded unit cannot be replayed inside a recording");
+        // One launch of this executable graph at a time (CUDA allows no
+        // concurrent calls on one graph object): replays from several threads
+        // meet here (docs/design.md). The lock was declared and never taken.
+        std::lock_guard lk(st->launch_mu);
         for (const auto& b : st->buffers) {
           BOOST_OUTCOME_TRY(l.order(b.st, b.write));
         }
