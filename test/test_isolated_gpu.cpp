@@ -215,7 +215,7 @@ TEST_CASE_FIXTURE(iso,
   REQUIRE(run_until([&] { return left == 0; }, 60s));
   CHECK_MESSAGE(failed == 0, first_error);
   CHECK(wrong == 0);
-  CHECK(dev.health() == health_state::healthy);
+  CHECK(wait_health(health_state::healthy, 30s));
 }
 
 TEST_CASE_FIXTURE(iso,
