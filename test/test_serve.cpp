@@ -360,6 +360,35 @@ TEST_CASE_FIXTURE(serve_fixture,
   CHECK(after.send(http::verb::get, "/health").result_int() == 503);
 }
 
+TEST_CASE_FIXTURE(serve_fixture,
+                  "atomr-serve: a client that closes in order halfway through its request is "
+                  "gone: no answer, not counted as a request or a 400") {
+  // Beast reports an orderly close mid-message as partial_message, not as
+  // eof: it was answered 400 (written to a closed peer) and counted.
+  const std::string head =
+      "POST /v1/gemm HTTP/1.1\r\nHost: x\r\nContent-Type: application/octet-stream\r\n"
+      "X-Shape: 8,8,8\r\nContent-Length: 512\r\n\r\n";
+  constexpr int clients = 5;
+  for (int i = 0; i < clients; ++i) {
+    client c(svc->port());
+    asio::write(c.s, asio::buffer(head + std::string(3, '\0')));
+    c.s.shutdown(asio::ip::tcp::socket::shutdown_send);  // FIN: an orderly close
+    beast::flat_buffer b;
+    http::response<http::string_body> res;
+    boost::system::error_code ec;
+    http::read(c.s, b, res, ec);
+    CAPTURE(res.result_int());
+    CHECK(ec);  // the service closed the connection without an answer
+  }
+  const auto limit = std::chrono::steady_clock::now() + 10s;
+  while (svc->stats().open_connections != 0 && std::chrono::steady_clock::now() < limit)
+    std::this_thread::sleep_for(1ms);
+  const auto st = svc->stats();
+  CHECK(st.open_connections == 0);
+  CHECK(st.requests == 0);
+  CHECK(st.client_errors == 0);
+}
+
 TEST_CASE("atomr-serve: stop() closes open connections and lets the io_context run out of work") {
   asio::io_context ioc{2};
   serve::options o;

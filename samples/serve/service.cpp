@@ -435,8 +435,9 @@ struct service::impl : std::enable_shared_from_this<impl> {
         } else if (rec == http::error::header_limit) {
           st = http::status::request_header_fields_too_large;
           why = "the header is larger than 16 KiB";
-        } else if (rec == asio::error::eof || rec == asio::error::connection_reset) {
-          break;  // gone mid-request
+        } else if (rec == asio::error::eof || rec == asio::error::connection_reset ||
+                   rec == http::error::partial_message) {
+          break;  // gone mid-request (partial_message: closed in order, part of it sent)
         }
         response res{st, 11};
         res.set(http::field::content_type, "application/json");
