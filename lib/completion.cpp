@@ -321,15 +321,16 @@ public:
 private:
   enum : int { queued, enqueuing, waiting, dropped };
 
-  /// The enqueue; one that throws fails this operation alone (run_kernel's
-  /// own enqueue catches, and rethrows in its coroutine): an exception left
-  /// here would end a launch thread (std::terminate) or leave the drain with
-  /// the batch's other operations unfinished and the stream's queue marked
-  /// as draining for ever.
+  /// The enqueue; one that throws fails this operation alone, the exception
+  /// kept for the awaiting coroutine to rethrow (deferred_status::thrown): left
+  /// here, it would end a launch thread (std::terminate) or leave the drain
+  /// with the batch's other operations unfinished and the stream's queue
+  /// marked as draining for ever.
   result<void> run_enqueue() {
     try {
       return what_.fn(what_.ctx, *launch_);
     } catch (...) {
+      status_->thrown = std::current_exception();
       return make_error(errc::invalid_argument,
                         std::string(library_) + ": the deferred enqueue threw an exception");
     }

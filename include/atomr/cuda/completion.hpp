@@ -10,6 +10,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <exception>
 #include <memory>
 #include <string_view>
 
@@ -107,6 +108,9 @@ struct deferred_enqueue {
 struct deferred_status {
   bool enqueued = false;             ///< the enqueue ran and succeeded
   std::shared_ptr<pooled_event> ev;  ///< the batch's event once recorded
+  /// What the enqueue threw, if it did: that operation alone fails in the
+  /// drain, and the awaiting coroutine rethrows it (run_kernel).
+  std::exception_ptr thrown;
 };
 
 /// True while `s` has event_poll work in flight or queued: run_kernel then

@@ -390,20 +390,11 @@ asio::awaitable<result<O>> run_kernel(std::string_view library, stream s, comple
       (detail::stream_busy(l.get_stream()) || detail::batching_preferred())) {
     using keep_t = typename detail::enqueue_keep<Enqueue>::type;
     std::optional<keep_t> kept;
-    // An exception of the enqueue (run by the drain, on another thread
-    // maybe) fails only this operation of the batch and leaves through the
-    // co_await below, as it leaves through the call on the inline path.
-    std::exception_ptr thrown;
     auto body = [&](launch& ln) -> result<void> {
-      try {
-        auto k = detail::call_enqueue(enqueue, ln);
-        if (!k) return k.error();
-        kept.emplace(std::move(k).value());
-        return outcome::success();
-      } catch (...) {
-        thrown = std::current_exception();
-        return make_error(errc::invalid_argument, "run_kernel: the enqueue threw");
-      }
+      auto k = detail::call_enqueue(enqueue, ln);
+      if (!k) return k.error();
+      kept.emplace(std::move(k).value());
+      return outcome::success();
     };
     using body_t = decltype(body);
     const detail::deferred_enqueue what{
@@ -418,7 +409,10 @@ asio::awaitable<result<O>> run_kernel(std::string_view library, stream s, comple
       l.fail(make_error(errc::cancelled, "run_kernel: wait abandoned by an exception"));
       throw;
     }
-    if (thrown) std::rethrow_exception(thrown);
+    // An exception of the enqueue (run by the drain, on another thread
+    // maybe) failed only this operation of the batch and leaves here, as it
+    // leaves through the call on the inline path.
+    if (status.thrown) std::rethrow_exception(status.thrown);
     if (!waited) {
       // Any error of the wait (timeout, cancellation, stop(), a fault): the
       // GPU may still use what the enqueue was given (see below).
