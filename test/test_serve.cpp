@@ -3,11 +3,18 @@
 // /health and /metrics, rejects every kind of bad request with the documented
 // status and a message, keeps serving after each, and shuts down cleanly.
 // Issue 21. Also the sample's JSON reader and model reference.
+#include "../samples/serve/deadline.hpp"
 #include "../samples/serve/json.hpp"
 #include "../samples/serve/model.hpp"
 #include "../samples/serve/service.hpp"
 
+#include <boost/asio/as_tuple.hpp>
+#include <boost/asio/co_spawn.hpp>
+#include <boost/asio/detached.hpp>
 #include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/read.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <boost/asio/use_awaitable.hpp>
 #include <boost/asio/write.hpp>
 #include <boost/beast/core/flat_buffer.hpp>
 #include <boost/beast/http.hpp>
@@ -238,6 +245,102 @@ TEST_CASE_FIXTURE(serve_fixture,
   }
   client again(svc->port());
   CHECK(again.send(http::verb::get, "/metrics").result_int() == 200);
+}
+
+TEST_CASE(
+    "atomr-serve's deadline ends a read or a write that expires between two of its socket "
+    "calls, where there is nothing pending to cancel") {
+  // Beast reads a request and writes a response as several read_some or
+  // write_some calls on the stream it is given. The op below does what such
+  // a composed operation does, with its gap made long: one call that
+  // completes, a pause past the deadline (no call pending, so cancelling the
+  // socket finds nothing), then a call the peer never satisfies. The
+  // deadline must still end it.
+  for (const bool reading : {true, false}) {
+    CAPTURE(reading);
+    asio::io_context ioc;
+    tcp::acceptor acc(ioc, tcp::endpoint(asio::ip::make_address("127.0.0.1"), 0));
+    tcp::socket peer(ioc);
+    peer.connect(acc.local_endpoint());
+    auto s = std::make_shared<tcp::socket>(acc.accept());
+    // The peer sends one byte (the first read's) and then neither sends nor
+    // reads: a write of 64 MiB fills the socket buffers and waits.
+    asio::write(peer, asio::buffer("x", 1));
+    std::pair<boost::system::error_code, bool> got{};
+    bool finished = false;
+    auto op = [&](serve::deadline_socket& g) -> asio::awaitable<boost::system::error_code> {
+      char byte = 0;
+      auto [e1, n1] =
+          co_await g.async_read_some(asio::buffer(&byte, 1), asio::as_tuple(asio::use_awaitable));
+      if (e1 || n1 != 1) co_return e1 ? e1 : asio::error::eof;
+      asio::steady_timer gap(s->get_executor(), 150ms);
+      co_await gap.async_wait(asio::as_tuple(asio::use_awaitable));
+      if (reading) {
+        auto [e2, n2] =
+            co_await g.async_read_some(asio::buffer(&byte, 1), asio::as_tuple(asio::use_awaitable));
+        (void)n2;
+        co_return e2 ? e2 : asio::error::message_size;  // a byte nobody sent
+      }
+      std::vector<char> big(std::size_t{64} << 20);
+      auto [e2, n2] =
+          co_await asio::async_write(g, asio::buffer(big), asio::as_tuple(asio::use_awaitable));
+      (void)n2;
+      co_return e2;
+    };
+    asio::co_spawn(
+        ioc,
+        [&]() -> asio::awaitable<void> {
+          got = co_await serve::with_deadline(s, 50ms, op);
+          finished = true;
+        },
+        asio::detached);
+    const auto t0 = std::chrono::steady_clock::now();
+    ioc.run_for(3s);  // without the guard the op waits for the peer: the whole 3 s
+    const auto took = std::chrono::steady_clock::now() - t0;
+    REQUIRE(finished);
+    CHECK(got.second);  // the deadline expired
+    CHECK(got.first == asio::error::operation_aborted);
+    CHECK(took < 2s);
+    // The socket is still open: a 408 can go out after a read's deadline.
+    if (reading) {
+      asio::write(*s, asio::buffer("408", 3));
+      char back[3] = {};
+      asio::read(peer, asio::buffer(back));
+      CHECK(std::string(back, 3) == "408");
+    }
+  }
+}
+
+TEST_CASE_FIXTURE(serve_fixture,
+                  "atomr-serve: a client that trickles its request a byte at a time past the "
+                  "read timeout gets 408 in time") {
+  // Each byte completes one of Beast's reads, so the deadline often expires
+  // between two of them; 20 connections make that near certain to happen.
+  const std::string head = "POST /v1/gemm HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n";
+  std::vector<std::unique_ptr<client>> cs;
+  for (int i = 0; i < 20; ++i) cs.push_back(std::make_unique<client>(svc->port()));
+  std::vector<std::thread> senders;
+  std::atomic<bool> quit{false};
+  for (auto& c : cs)
+    senders.emplace_back([fd = c->s.native_handle(), &head, &quit] {
+      // Plain send(2): the test thread reads the same socket meanwhile.
+      bool ok =
+          ::send(fd, head.data(), head.size(), MSG_NOSIGNAL) == static_cast<ssize_t>(head.size());
+      for (int i = 0; i < 400 && ok && !quit.load(); ++i) {
+        ok = ::send(fd, "1", 1, MSG_NOSIGNAL) == 1;
+        std::this_thread::sleep_for(2ms);
+      }
+    });
+  const auto t0 = std::chrono::steady_clock::now();
+  for (auto& c : cs) {
+    auto res = c->read();
+    CHECK(res.result_int() == 408);
+    CHECK_FALSE(res.keep_alive());
+  }
+  const auto took = std::chrono::steady_clock::now() - t0;
+  quit = true;
+  for (auto& t : senders) t.join();
+  CHECK(took < 3s);  // the read timeout is 300 ms; the clients' socket timeout 10 s
 }
 
 namespace {

@@ -2,6 +2,7 @@
 // endpoint, health and metrics. See service.hpp.
 #include "service.hpp"
 
+#include "deadline.hpp"
 #include "json.hpp"
 #include "model.hpp"
 
@@ -332,38 +333,22 @@ struct service::impl : std::enable_shared_from_this<impl> {
         if (self->stopping.load() || ec == asio::error::operation_aborted) co_return;
         continue;  // e.g. too many open files: keep serving the others
       }
-      if (self->stopping.load()) co_return;
-      ++self->connections;
-      ++self->open;
       {
+        // Under `mu`, as stop() takes its list of sockets to close: a
+        // connection accepted as stop() runs is either on that list or
+        // closed here, never left serving after the service drained.
         std::lock_guard lk(self->mu);
+        if (self->stopping.load()) {
+          boost::system::error_code e;
+          s->close(e);
+          co_return;
+        }
+        ++self->connections;
+        ++self->open;
         self->sockets.insert(s);
       }
       asio::co_spawn(s->get_executor(), session(self, s), asio::detached);
     }
-  }
-
-  /// Runs `op` with a deadline: on expiry the socket's operations are
-  /// cancelled (the socket stays open, so that a 408 can still be sent).
-  /// Yields the operation's error and whether the deadline cut it.
-  template <class Op>
-  static asio::awaitable<std::pair<boost::system::error_code, bool>> with_deadline(
-      std::shared_ptr<tcp::socket> s, std::chrono::milliseconds limit, Op op) {
-    struct state {
-      bool finished = false, expired = false;
-    };
-    auto st = std::make_shared<state>();
-    asio::steady_timer t(s->get_executor(), limit);
-    t.async_wait([st, s](boost::system::error_code ec) {
-      if (ec || st->finished) return;
-      st->expired = true;
-      boost::system::error_code e;
-      s->cancel(e);
-    });
-    auto ec = co_await op();
-    st->finished = true;
-    t.cancel();
-    co_return std::pair{ec, st->expired};
   }
 
   /// Watches a connection while its request's GPU work runs: returns when
@@ -414,9 +399,10 @@ struct service::impl : std::enable_shared_from_this<impl> {
       parser.body_limit(self->o.body_limit);
       parser.header_limit(16 * 1024);
       auto [rec, timed_out] = co_await with_deadline(
-          s, self->o.read_timeout, [&]() -> asio::awaitable<boost::system::error_code> {
+          s, self->o.read_timeout,
+          [&](deadline_socket& g) -> asio::awaitable<boost::system::error_code> {
             auto [e, n] =
-                co_await http::async_read(*s, buf, parser, asio::as_tuple(asio::use_awaitable));
+                co_await http::async_read(g, buf, parser, asio::as_tuple(asio::use_awaitable));
             (void)n;
             co_return e;
           });
@@ -476,8 +462,9 @@ struct service::impl : std::enable_shared_from_this<impl> {
     }
     if (ep != ep_other) self->latency[ep].add(took);
     auto [ec, late] = co_await with_deadline(
-        s, self->o.write_timeout, [&]() -> asio::awaitable<boost::system::error_code> {
-          auto [e, n] = co_await http::async_write(*s, res, asio::as_tuple(asio::use_awaitable));
+        s, self->o.write_timeout,
+        [&](deadline_socket& g) -> asio::awaitable<boost::system::error_code> {
+          auto [e, n] = co_await http::async_write(g, res, asio::as_tuple(asio::use_awaitable));
           (void)n;
           co_return e;
         });
