@@ -76,7 +76,12 @@ result<void> flush_pending(unit_recorder& u, const stream& on) {
       return e;
     }
     // The stage first, as in enqueue_in_unit: its event is then recorded by the unit.
-    u.stages.push_back({l.get_stream(), std::move(done).value(), std::move(keep).value()});
+    try {
+      u.stages.push_back({l.get_stream(), std::move(done).value(), std::move(keep).value()});
+    } catch (...) {
+      l.wait_untracked();
+      throw;
+    }
     l.hand_over();
     l.stamp(u.stages.back().done);
   }
@@ -107,6 +112,7 @@ result<std::shared_ptr<pooled_event>> join_unit_run(unit_recorder& u, launch& l)
   if (auto st = d.events->acquire(ev, false); st != cudaSuccess) {
     auto e = classify(st, "cudaEventCreateWithFlags");
     d.note_error(e);
+    wait_untracked(d, l.native_stream());  // the step's keep-alive is dropped next
     return e;
   }
   ev->defer_record(l.native_stream());

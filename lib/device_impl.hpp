@@ -168,7 +168,7 @@ public:
   // statistics
   sharded_counter in_flight, completed, failed;  // per operation (launch)
   alignas(64) std::atomic<std::uint64_t> faults{0}, oom{0}, live_buffers{0}, parked_count{0},
-      ops_batched{0}, batches{0}, unit_events{0};
+      ops_batched{0}, batches{0}, unit_events{0}, untracked_waits{0};
   alignas(64) char after_counters_ = 0;  // whatever follows starts on a new line
 
   cudaMemPool_t mem_pool = nullptr;
@@ -295,7 +295,18 @@ private:
 
 /// Records a pooled event on `s`; `blocking`: a blocking-sync event, for a
 /// thread that will wait on it in cudaEventSynchronize (blocking_sync).
+/// When no event can be made or recorded, `s` is drained first
+/// (wait_untracked): callers record after their enqueue, and then drop the
+/// keep-alives of work nothing else tracks.
 result<shared_event> record_event(device_impl& d, cudaStream_t s, std::string_view library,
                                   bool blocking = false);
+
+/// Work was enqueued on `s` and no event can be made or recorded to track
+/// it (the driver is out of resources): waits for `s` on this thread, so
+/// that the keep-alives of that work can be dropped. A poisoned context
+/// runs nothing more and is not waited for. The one place the library
+/// blocks a thread on the GPU outside blocking_sync; docs/design.md, "Work
+/// that no event tracks".
+void wait_untracked(device_impl& d, cudaStream_t s) noexcept;
 
 }  // namespace atomr::cuda::detail

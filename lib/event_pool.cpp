@@ -30,6 +30,9 @@ event_pool::~event_pool() {
 }
 
 cudaError_t event_pool::acquire(shared_event& out, bool blocking) {
+  if (fail_next_.load(std::memory_order_relaxed) > 0 &&
+      fail_next_.fetch_sub(1, std::memory_order_relaxed) > 0)
+    return cudaErrorMemoryAllocation;
   cudaEvent_t ev = nullptr;
   auto& list = free_[blocking ? 1 : 0];
   {

@@ -92,6 +92,10 @@ result<std::shared_ptr<detail::pooled_event>> launch::commit(bool blocking) {
   return ev;
 }
 
+void launch::wait_untracked() noexcept {
+  if (stream_) detail::wait_untracked(*stream_.state()->owner, native_stream());
+}
+
 void launch::stamp(const std::shared_ptr<detail::pooled_event>& ev) {
   const auto id = stream_.id();
   touched_.for_each([&](detail::touch_list::entry& t) {

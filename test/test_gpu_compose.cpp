@@ -73,7 +73,59 @@ asio::awaitable<result<gpu_ref<int>>> spin_step(const test_kernels& k, const str
   });
 }
 
+/// A keep-alive that notes, when it is dropped, whether the GPU had finished
+/// the work on its stream (1) or was still running it (0).
+struct stream_probe {
+  cudaStream_t s;
+  std::atomic<int>* idle_when_dropped;
+  stream_probe(cudaStream_t on, std::atomic<int>* out) : s(on), idle_when_dropped(out) {}
+  stream_probe(const stream_probe&) = delete;
+  stream_probe& operator=(const stream_probe&) = delete;
+  ~stream_probe() { idle_when_dropped->store(cudaStreamQuery(s) == cudaSuccess ? 1 : 0); }
+};
+
 }  // namespace
+
+TEST_CASE_FIXTURE(compose_fixture,
+                  "an operation whose completion event cannot be made (the driver out of "
+                  "resources) waits for its stream before its keep-alive goes, alone and as a "
+                  "unit's step") {
+  test_kernels kernels;
+  auto buf = alloc<int>(1);
+  for (const bool in_unit : {false, true}) {
+    CAPTURE(in_unit);
+    std::atomic<int> idle{-1};
+    const auto before = dev.statistics();
+    auto step = run_kernel("cuda", dev.main_stream(), buf,
+                           [&](launch& l) -> result<std::shared_ptr<stream_probe>> {
+                             if (auto e = kernels.spin(l.native_stream(), 100); e != cudaSuccess)
+                               return classify(e, "cudaLaunchKernel");
+                             return std::make_shared<stream_probe>(l.native_stream(), &idle);
+                           });
+    // The next event (the one after the spin) cannot be made.
+    dev.impl()->events->fail_next_acquires(1);
+    std::optional<gpu_error> err;
+    if (in_unit) {
+      auto r = run(compose(dev, std::move(step)));
+      REQUIRE_FALSE(r);
+      err = r.error();
+      CHECK(err->message().find("compose: step 1 of 1") != std::string::npos);
+    } else {
+      auto r = run(std::move(step));
+      REQUIRE_FALSE(r);
+      err = r.error();
+    }
+    dev.impl()->events->fail_next_acquires(0);
+    CHECK(err->code() == errc::out_of_memory);
+    CHECK(err->message().find("cudaEventCreateWithFlags") != std::string::npos);
+    // Dropped once the spin had finished, not while it ran.
+    CHECK(idle.load() == 1);
+    CHECK(dev.statistics().untracked_waits == before.untracked_waits + 1);
+    check_settled(before, 0, 1);
+    // Survivable: the next operation runs.
+    REQUIRE(run(fill_bytes(buf, 0)));
+  }
+}
 
 TEST_CASE_FIXTURE(compose_fixture,
                   "compose: upload, gemm, activation, download in one unit give the numbers of "

@@ -156,6 +156,10 @@ struct device_statistics {
   /// Events composed units recorded after their steps: one per run of
   /// consecutive steps on one stream (docs/design.md, "Composed units").
   std::uint64_t unit_events = 0;
+  /// Times work was enqueued and no event could be made or recorded to
+  /// track it, so the enqueuing thread waited for its stream before dropping
+  /// the work's keep-alives (docs/design.md, "Work that no event tracks").
+  std::uint64_t untracked_waits = 0;
   /// Times a launch thread found no work within launch_spin and slept.
   std::uint64_t launch_sleeps = 0;
   /// Threads of this device's own running now: in process, the launch

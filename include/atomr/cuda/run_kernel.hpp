@@ -159,6 +159,10 @@ public:
   gpu_error fail(gpu_error e);
   /// Finishes the accounting of a successful operation (counted completed).
   void succeed();
+  /// After an enqueue whose tracking failed (no event, an exception while
+  /// keeping it): waits on this thread for the stream, so that the work's
+  /// keep-alive can be dropped (docs/design.md, "Work that no event tracks").
+  void wait_untracked() noexcept;
   /// Hands `keep_alive` to the device until `done` completes.
   void park(std::shared_ptr<detail::pooled_event> done, std::shared_ptr<void> keep_alive);
   /// Inside a composed unit: the operation stays counted in flight after this
@@ -319,8 +323,13 @@ result<O> enqueue_in_unit(unit_recorder& u, std::string_view library, stream s, 
   using both = std::pair<typename enqueue_keep<Enqueue>::type, O>;
   // The stage first: a deferred event in a buffer's stamp must be one the
   // unit records (close_runs, ~unit_recorder), whatever throws after.
-  u.stages.push_back({l.get_stream(), std::move(done).value(),
-                      std::make_shared<both>(std::move(keep).value(), output)});
+  try {
+    u.stages.push_back({l.get_stream(), std::move(done).value(),
+                        std::make_shared<both>(std::move(keep).value(), output)});
+  } catch (...) {
+    l.wait_untracked();  // out of host memory: the keep-alive goes with the exception
+    throw;
+  }
   l.hand_over();
   l.stamp(u.stages.back().done);
   return output;
@@ -344,7 +353,12 @@ result<O> defer_in_unit(unit_recorder& u, device dev, std::string_view library, 
     auto keep = checked_enqueue(l, h.how, h.output, h.enqueue);
     if (!keep) return keep.error();
     using both = std::pair<typename enqueue_keep<Enqueue>::type, O>;
-    return std::shared_ptr<void>(std::make_shared<both>(std::move(keep).value(), h.output));
+    try {
+      return std::shared_ptr<void>(std::make_shared<both>(std::move(keep).value(), h.output));
+    } catch (...) {
+      l.wait_untracked();
+      throw;
+    }
   };
   u.pending.push_back({u.step, std::move(dev), library,
                        std::make_shared<held>(held{how, output, std::move(enqueue)}), run});
@@ -428,8 +442,8 @@ asio::awaitable<result<O>> run_kernel(std::string_view library, stream s, comple
   if (!keep) co_return l.fail(keep.error());
   auto done = l.commit(how.kind == strategy::blocking_sync);
   if (!done) {
-    // Work may be queued without an event to track it; a failed record means
-    // the context is gone, so nothing else can run.
+    // No event tracks the work: commit waited for the stream (a dead
+    // context runs nothing more), so the keep-alive can go.
     co_return l.fail(done.error());
   }
   auto keep_in_frame = std::move(keep).value();

@@ -76,6 +76,10 @@ public:
 
   std::size_t created() const noexcept;
 
+  /// Tests only (test/test_gpu_compose.cpp): the next `n` acquires fail as
+  /// the driver fails when it is out of resources (cudaErrorMemoryAllocation).
+  void fail_next_acquires(int n) noexcept { fail_next_.store(n, std::memory_order_relaxed); }
+
 private:
   friend class pooled_event;
   void give_back(cudaEvent_t ev, bool blocking) noexcept;
@@ -85,6 +89,7 @@ private:
   std::vector<cudaEvent_t> free_[2];  // [blocking]
   std::size_t created_ = 0;
   bool abandoned_ = false;
+  std::atomic<int> fail_next_{0};
 };
 
 }  // namespace atomr::cuda::detail
