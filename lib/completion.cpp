@@ -78,6 +78,7 @@ public:
 
   /// Common start: validation, cancellation hook, the event; then the strategy.
   void start() {
+    keep_foreign_work();
     if (auto ok = dev_->check_accepting(); !ok) return (void)finish(ok.error().tagged(library_));
     if (auto ok = check_completion(how_); !ok) return (void)finish(ok.error().tagged(library_));
     if (!stream_ || stream_.state()->owner != dev_.get())
@@ -163,6 +164,15 @@ protected:
   }
 
   void keep_work() { work_.emplace(asio::prefer(ex_, asio::execution::outstanding_work.tracked)); }
+  /// A handler bound to another executor than the device's (a callback on a
+  /// second io_context) holds outstanding work there until it runs, as an
+  /// Asio operation must: that io_context's run() must not return while the
+  /// wait is pending. The device's own executor needs none (the poll hub
+  /// keeps a post or a timer on it while it waits), so the common case costs
+  /// one comparison and no atomic operation.
+  void keep_foreign_work() {
+    if (!(ex_ == dev_->completion_executor)) keep_work();
+  }
 
   std::shared_ptr<device_impl> dev_;
   stream stream_;
@@ -246,6 +256,7 @@ public:
         status_(status) {}
 
   void start_queued() {
+    keep_foreign_work();
     if (auto ok = dev_->check_accepting(); !ok) return (void)finish(ok.error().tagged(library_));
     if (!stream_ || stream_.state()->owner != dev_.get())
       return (void)finish(

@@ -88,6 +88,7 @@ stream_state::~stream_state() {
 
 device_impl::device_impl(const asio::any_io_executor& ex, int ord, const device_options& o)
     : executor(ex),
+      completion_executor(ex),
       ordinal(ord),
       options(o),
       polls(std::make_shared<poll_hub>(

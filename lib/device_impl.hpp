@@ -7,6 +7,7 @@
 
 #include "poll_hub.hpp"
 
+#include <boost/asio/any_completion_executor.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <boost/asio/strand.hpp>
 
@@ -156,6 +157,10 @@ public:
 
   // --- state ---
   const asio::any_io_executor executor;
+  /// `executor` as a handler's associated executor is compared with: a
+  /// wait whose handler runs elsewhere holds outstanding work there (the
+  /// device's own executor is kept busy by the poll hub while it waits).
+  const asio::any_completion_executor completion_executor;
   const int ordinal;
   const device_options options;
 

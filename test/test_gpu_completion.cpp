@@ -5,6 +5,7 @@
 #include "test_kernels.hpp"
 
 #include <boost/asio/bind_cancellation_slot.hpp>
+#include <boost/asio/bind_executor.hpp>
 #include <boost/asio/cancellation_signal.hpp>
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/detached.hpp>
@@ -240,6 +241,35 @@ TEST_CASE_FIXTURE(gpu_fixture, "async_wait with each strategy waits for the stre
             cudaSuccess);
     CHECK(gemm_rel_error(av, av, cv, n, 256) < 1e-5);
     REQUIRE(run(fill_bytes(c, 0xFF, {.on = s})));  // NaN before the next strategy
+  }
+}
+
+TEST_CASE_FIXTURE(gpu_fixture,
+                  "a wait whose callback is bound to a second io_context keeps that context's "
+                  "run() from returning until the callback ran, with each strategy") {
+  // An Asio operation holds outstanding work on its handler's executor
+  // until the handler runs. The device runs on `ioc`; the callback on
+  // `other`, which has nothing else to do: without that work its run()
+  // returns at once and the callback never runs.
+  test_kernels kernels;
+  auto s = dev.acquire_stream().value();
+  for (const completion& how : all_strategies) {
+    CAPTURE(to_string(how.kind));
+    REQUIRE(kernels.spin(s.native_handle(), 50) == cudaSuccess);
+    asio::io_context other;
+    std::optional<result<void>> got;
+    how.async_wait(s, asio::bind_executor(other, [&](result<void> r) { got = r; }));
+    std::thread device_io([&] {
+      ioc.restart();
+      ioc.run_for(5s);
+    });
+    const auto t0 = std::chrono::steady_clock::now();
+    other.run();
+    const auto took = std::chrono::steady_clock::now() - t0;
+    device_io.join();
+    REQUIRE(got);
+    CHECK(*got);
+    CHECK(took >= 20ms);  // it waited for the spin, not for nothing
   }
 }
 
