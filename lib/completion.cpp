@@ -168,8 +168,9 @@ protected:
   /// second io_context) holds outstanding work there until it runs, as an
   /// Asio operation must: that io_context's run() must not return while the
   /// wait is pending. The device's own executor needs none (the poll hub
-  /// keeps a post or a timer on it while it waits), so the common case costs
-  /// one comparison and no atomic operation.
+  /// keeps a post or a timer on it while it waits), so a coroutine or a
+  /// callback on it costs one comparison and no atomic operation; any other
+  /// executor (a strand of the same io_context too) takes the tracked work.
   void keep_foreign_work() {
     if (!(ex_ == dev_->completion_executor)) keep_work();
   }
@@ -448,6 +449,7 @@ void drain_deferred(std::vector<std::shared_ptr<polled_wait>>& batch) {
   auto& first = *ok.front();
   auto ev = record_event(first.dev(), first.native_stream(), first.library());
   if (!ev) {
+    wait_untracked(first.dev(), first.native_stream());  // their keep-alives go next
     for (auto& op : ok) op->fail_enqueued(ev.error());
     return;
   }

@@ -77,6 +77,7 @@ result<void> flush_pending(unit_recorder& u, const stream& on) {
     }
     // The stage first, as in enqueue_in_unit: its event is then recorded by the unit.
     try {
+      u.stages.reserve(u.stages.size() + 1);  // no temporary stage dies before the catch
       u.stages.push_back({l.get_stream(), std::move(done).value(), std::move(keep).value()});
     } catch (...) {
       l.wait_untracked();

@@ -661,21 +661,19 @@ result<shared_event> record_event(device_impl& d, cudaStream_t s, std::string_vi
   if (auto st = d.events->acquire(ev, blocking); st != cudaSuccess) {
     auto e = classify(st, "cudaEventCreateWithFlags").tagged(library);
     d.note_error(e);
-    wait_untracked(d, s);
     return e;
   }
   if (auto st = cudaEventRecord(ev->native_handle(), s); st != cudaSuccess) {
     auto e = classify(st, "cudaEventRecord").tagged(library);
     d.note_error(e);
-    wait_untracked(d, s);
     return e;
   }
   return ev;
 }
 
 void wait_untracked(device_impl& d, cudaStream_t s) noexcept {
-  d.untracked_waits.fetch_add(1, std::memory_order_relaxed);
   if (!d.context_usable() || d.make_current() != cudaSuccess) return;
+  d.untracked_waits.fetch_add(1, std::memory_order_relaxed);
   (void)cudaStreamSynchronize(s);
   // Its error (if any) is the fault's, reported through the health probe;
   // none may stay pending for the caller's next CUDA call.

@@ -300,18 +300,16 @@ private:
 
 /// Records a pooled event on `s`; `blocking`: a blocking-sync event, for a
 /// thread that will wait on it in cudaEventSynchronize (blocking_sync).
-/// When no event can be made or recorded, `s` is drained first
-/// (wait_untracked): callers record after their enqueue, and then drop the
-/// keep-alives of work nothing else tracks.
+/// A caller that enqueued work and drops its keep-alives when this fails
+/// calls wait_untracked first.
 result<shared_event> record_event(device_impl& d, cudaStream_t s, std::string_view library,
                                   bool blocking = false);
 
 /// Work was enqueued on `s` and no event can be made or recorded to track
 /// it (the driver is out of resources): waits for `s` on this thread, so
 /// that the keep-alives of that work can be dropped. A poisoned context
-/// runs nothing more and is not waited for. The one place the library
-/// blocks a thread on the GPU outside blocking_sync; docs/design.md, "Work
-/// that no event tracks".
+/// runs nothing more and is not waited for (nor counted in
+/// untracked_waits). docs/design.md, "Work that no event tracks".
 void wait_untracked(device_impl& d, cudaStream_t s) noexcept;
 
 }  // namespace atomr::cuda::detail

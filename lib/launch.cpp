@@ -86,10 +86,18 @@ result<void*> launch::access(const std::shared_ptr<detail::buffer_state>& st, bo
 }
 
 result<std::shared_ptr<detail::pooled_event>> launch::commit(bool blocking) {
-  BOOST_OUTCOME_TRY(
-      auto ev, detail::record_event(*stream_.state()->owner, native_stream(), library_, blocking));
-  stamp(ev);
-  return ev;
+  auto ev = detail::record_event(*stream_.state()->owner, native_stream(), library_, blocking);
+  if (!ev) {
+    wait_untracked();  // the caller drops the keep-alive next
+    return ev.error();
+  }
+  try {
+    stamp(ev.value());
+  } catch (...) {
+    wait_untracked();  // out of host memory: the exception leaves with the keep-alive
+    throw;
+  }
+  return std::move(ev).value();
 }
 
 void launch::wait_untracked() noexcept {

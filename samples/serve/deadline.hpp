@@ -3,7 +3,7 @@
 // calls).
 #pragma once
 
-#include <boost/asio/associated_executor.hpp>
+#include <boost/asio/append.hpp>
 #include <boost/asio/async_result.hpp>
 #include <boost/asio/awaitable.hpp>
 #include <boost/asio/error.hpp>
@@ -49,10 +49,12 @@ private:
     return boost::asio::async_initiate<Token, void(boost::system::error_code, std::size_t)>(
         [this](auto handler, const Buffers& bufs) {
           if (expired_) {
-            auto ex = boost::asio::get_associated_executor(handler, s_.get_executor());
-            boost::asio::post(ex, [h = std::move(handler)]() mutable {
-              std::move(h)(boost::asio::error::operation_aborted, std::size_t{0});
-            });
+            // Completes through the handler's own executor and allocator,
+            // never inside this call.
+            boost::asio::post(
+                s_.get_executor(),
+                boost::asio::append(std::move(handler), boost::asio::error::operation_aborted,
+                                    std::size_t{0}));
           } else if constexpr (Read) {
             s_.async_read_some(bufs, std::move(handler));
           } else {

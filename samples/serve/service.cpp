@@ -171,10 +171,13 @@ bool is_raw(const request& req) {
 // ------------------------------------------------------------------ state
 
 struct service::impl : std::enable_shared_from_this<impl> {
-  impl(asio::io_context& io, options opt) : ioc(io), o(std::move(opt)), acceptor(io) {}
+  impl(asio::io_context& io, options opt)
+      : ioc(io), o(std::move(opt)), acceptor(asio::make_strand(io)) {}
 
   asio::io_context& ioc;
   const options o;
+  /// On a strand of its own: accept_loop's accepts and stop()'s close never
+  /// run at once (an acceptor is not safe for concurrent use).
   tcp::acceptor acceptor;
   std::atomic<bool> stopping{false}, done{false};
 
@@ -215,7 +218,7 @@ struct service::impl : std::enable_shared_from_this<impl> {
     if (!ec) acceptor.listen(asio::socket_base::max_listen_connections, ec);
     if (ec)
       return "cannot listen on " + o.address + ":" + std::to_string(o.port) + ": " + ec.message();
-    asio::co_spawn(ioc, accept_loop(shared_from_this()), asio::detached);
+    asio::co_spawn(acceptor.get_executor(), accept_loop(shared_from_this()), asio::detached);
     return std::nullopt;
   }
 
@@ -283,8 +286,10 @@ struct service::impl : std::enable_shared_from_this<impl> {
   void stop() {
     if (stopping.exchange(true)) return;
     asio::post(ioc, [self = shared_from_this()] {
-      boost::system::error_code ec;
-      self->acceptor.close(ec);
+      asio::post(self->acceptor.get_executor(), [self] {
+        boost::system::error_code ec;
+        self->acceptor.close(ec);
+      });
       std::vector<std::shared_ptr<tcp::socket>> open_now;
       {
         std::lock_guard lk(self->mu);

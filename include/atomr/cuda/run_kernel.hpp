@@ -323,11 +323,16 @@ result<O> enqueue_in_unit(unit_recorder& u, std::string_view library, stream s, 
   using both = std::pair<typename enqueue_keep<Enqueue>::type, O>;
   // The stage first: a deferred event in a buffer's stamp must be one the
   // unit records (close_runs, ~unit_recorder), whatever throws after.
+  // Out of host memory here, the keep-alive (still in `keep` until the
+  // allocation succeeded) goes with the exception: the stream is waited
+  // for first. The room for the stage is made before it is built, so that
+  // no temporary holding the keep-alive dies before the catch.
   try {
-    u.stages.push_back({l.get_stream(), std::move(done).value(),
-                        std::make_shared<both>(std::move(keep).value(), output)});
+    u.stages.reserve(u.stages.size() + 1);
+    auto kept = std::make_shared<both>(std::move(keep).value(), output);
+    u.stages.push_back({l.get_stream(), std::move(done).value(), std::move(kept)});
   } catch (...) {
-    l.wait_untracked();  // out of host memory: the keep-alive goes with the exception
+    l.wait_untracked();
     throw;
   }
   l.hand_over();
@@ -383,7 +388,9 @@ result<O> defer_in_unit(unit_recorder& u, device dev, std::string_view library, 
 /// `library`. gpu_ref outputs are validated and ordered as writes.
 /// Inside a step of compose() (compose.hpp) it only enqueues: the unit
 /// waits once for all its steps, and `output` is final when it has.
-/// Never blocks the calling thread on the GPU.
+/// Never blocks the calling thread on the GPU, except where enqueued work
+/// could not be tracked (no event could be made: docs/design.md, "Work that
+/// no event tracks").
 template <class O, class Enqueue>
 asio::awaitable<result<O>> run_kernel(std::string_view library, stream s, completion how, O output,
                                       Enqueue enqueue) {
