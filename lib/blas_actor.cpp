@@ -572,7 +572,8 @@ result<void> detail::blas_lane::bind(launch& l) {
   BOOST_OUTCOME_TRY(void* ws, l.recording_workspace(work_bytes));
   BOOST_OUTCOME_TRY(cublas_ok(cublasSetStream(handle, l.native_stream()), "cublasSetStream"));
   if (auto e = cublasSetWorkspace(handle, ws, work_bytes); e != CUBLAS_STATUS_SUCCESS) {
-    cublasSetStream(handle, strm.native_handle());
+    // Not bound (lane_hold will not unbind): back here, or the lane is stuck.
+    if (cublasSetStream(handle, strm.native_handle()) != CUBLAS_STATUS_SUCCESS) stuck = true;
     return classify(e, "cublasSetWorkspace");
   }
   rec_work = ws;
@@ -734,8 +735,13 @@ result<void> detail::blas_lane::run_recorded(const gemm_key& key, const std::str
       if (cublasSetWorkspace(handle, ws, work_bytes) == CUBLAS_STATUS_SUCCESS)
         rec = record_graph(cap, [&] { return call(cap) == CUBLAS_STATUS_SUCCESS; });
       // The handle goes back to its stream whatever happened (this also
-      // resets it to cuBLAS's default workspace, which it used before).
-      BOOST_OUTCOME_TRY(cublas_ok(cublasSetStream(handle, own), "cublasSetStream"));
+      // resets it to cuBLAS's default workspace, which it used before); if
+      // it cannot, the lane refuses further work (lane_base::stuck), as
+      // lane_hold's does.
+      if (auto e = cublasSetStream(handle, own); e != CUBLAS_STATUS_SUCCESS) {
+        stuck = true;
+        return cublas_ok(e, "cublasSetStream");
+      }
     }
     if (!rec) {
       recording_failed = true;

@@ -401,8 +401,10 @@ struct cudnn_lane : lane_base {
       return outcome::success();
     }
     const bool could_record = !plan.graph->recording_failed();
-    BOOST_OUTCOME_TRY(auto how, plan.graph->execute(handle, strm.native_handle(), capture_stream(),
-                                                    x, w, y, ws, keep));
+    auto ran =
+        plan.graph->execute(handle, strm.native_handle(), capture_stream(), x, w, y, ws, keep);
+    if (plan.graph->handle_astray()) stuck = true;  // as lane_hold does
+    BOOST_OUTCOME_TRY(auto how, std::move(ran));
     if (how == graph_run::captured) ++graph_records;
     if (how != graph_run::executed) ++graph_launches;
     if (could_record && plan.graph->recording_failed()) ++graph_failures;

@@ -252,7 +252,10 @@ std::shared_ptr<const recorded_exec> graph_conv::record(cudnnHandle_t h, cudaStr
     return cudnnBackendExecute(h, plan_.get(), pack_.get()) == CUDNN_STATUS_SUCCESS;
   });
   // The handle goes back to its stream whatever happened.
-  if (cudnnSetStream(h, stream) != CUDNN_STATUS_SUCCESS) return nullptr;
+  if (cudnnSetStream(h, stream) != CUDNN_STATUS_SUCCESS) {
+    astray_ = true;
+    return nullptr;
+  }
   return rec;
 }
 
@@ -278,6 +281,10 @@ result<graph_run> graph_conv::execute(cudnnHandle_t h, cudaStream_t stream, cuda
       how = graph_run::captured;
     } else {
       record_failed_ = true;
+      if (astray_)  // nothing more on a handle that is not on its stream
+        return make_error(errc::library,
+                          "cudnnSetStream: the handle could not be pointed back at its stream "
+                          "after a recording");
     }
   }
   last_ptrs_ = ptrs;

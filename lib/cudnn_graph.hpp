@@ -81,6 +81,9 @@ public:
   std::size_t workspace() const noexcept { return workspace_; }
   /// A recording failed: this plan no longer tries to record.
   bool recording_failed() const noexcept { return record_failed_; }
+  /// A recording could not point the handle back at its stream: the lane
+  /// that owns the handle must refuse further work (lane_base::stuck).
+  bool handle_astray() const noexcept { return astray_; }
   /// Enqueues y = conv(x, w) on `stream`, the handle's stream. `ws` holds
   /// workspace() bytes. With a `capture` stream (one that never runs work,
   /// used only to record), the second call in a row with the same pointers
@@ -108,6 +111,7 @@ private:
   std::array<const void*, 4> recorded_ptrs_{};  // of recorded_
   std::array<const void*, 4> last_ptrs_{};      // of the previous call
   bool record_failed_ = false;
+  bool astray_ = false;
 
   result<void> bind(const std::array<const void*, 4>& ptrs);
   /// Records one execution on `capture` into a CUDA graph; null on failure.
