@@ -568,7 +568,8 @@ namespace {
 // The host function itself (a CUDA thread: no CUDA call allowed here).
 void host_fn_trampoline(void* p) {
   auto* t = static_cast<host_ticket*>(p);
-  auto& g = *t->gate;
+  const auto gate = t->gate;  // outlives the lock below, whatever the completion drops
+  auto& g = *gate;
   std::unique_lock lk(g.mu);
   std::erase(g.pending, t);
   g.cv.notify_all();
@@ -580,14 +581,19 @@ void host_fn_trampoline(void* p) {
   }
   asio::any_io_executor work = std::move(*t->work);
   t->work.reset();
-  lk.unlock();
   std::unique_ptr<host_ticket> own(t);
+  // The completion is posted under the gate's lock: a context shutting
+  // down (on_context_shutdown) takes the lock after release_host_fn_work
+  // and so either dropped this ticket's work first (the branch above) or
+  // waits here until the post is made, while the context's scheduler still
+  // takes posts. Unlocked first, the post could reach a context already
+  // torn down. The posts only queue handlers; none runs here.
   own->complete(own->op, work);
 }
 }  // namespace
 
 cudaError_t device_impl::launch_host_fn(cudaStream_t s, std::unique_ptr<host_ticket>& t) {
-  t->gate = host_fns.get();
+  t->gate = host_fns;
   t->work.emplace(asio::prefer(executor, asio::execution::outstanding_work.tracked));
   {
     std::lock_guard lk(host_fns->mu);

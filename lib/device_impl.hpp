@@ -97,8 +97,11 @@ class remote_device;
 /// shut down; a callback that then finds no work touches no executor.
 struct host_fn_gate;
 struct host_ticket {
-  host_fn_gate* gate = nullptr;  // kept alive through `op`, which holds the device
-  std::shared_ptr<void> op;      // the wait (a host_fn_op)
+  /// Its own reference: the trampoline holds the gate's lock while the
+  /// completion is posted, and the posted handler may drop the device (and
+  /// the device's reference to the gate) before the lock is released.
+  std::shared_ptr<host_fn_gate> gate;
+  std::shared_ptr<void> op;  // the wait (a host_fn_op)
   void (*complete)(std::shared_ptr<void>& op, asio::any_io_executor& work) = nullptr;
   std::optional<asio::any_io_executor> work;  // outstanding_work.tracked
 };
