@@ -1281,6 +1281,9 @@ asio::awaitable<result<R>> scalar_op(state_ptr st, std::string_view call_name, K
         cublasStatus_t mode, s = CUBLAS_STATUS_SUCCESS;
         {
           std::lock_guard lk(lane.mu);
+          // Not through lane_hold (a unit refuses these, so the handle is
+          // never bound elsewhere), but a stuck lane is refused all the same.
+          if (lane.stuck) return detail::stuck_lane_error();
           mode = cublasSetPointerMode(lane.handle, CUBLAS_POINTER_MODE_DEVICE);
           if (mode == CUBLAS_STATUS_SUCCESS) {
             s = call(lane.handle, pr);

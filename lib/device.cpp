@@ -583,9 +583,9 @@ void host_fn_trampoline(void* p) {
   t->work.reset();
   std::unique_ptr<host_ticket> own(t);
   // The completion is posted under the gate's lock: a context shutting
-  // down (on_context_shutdown) takes the lock after release_host_fn_work
-  // and so either dropped this ticket's work first (the branch above) or
-  // waits here until the post is made, while the context's scheduler still
+  // down (on_context_shutdown) takes the lock in release_host_fn_work and
+  // so either dropped this ticket's work first (the branch above) or waits
+  // there until the post is made, while the context's scheduler still
   // takes posts. Unlocked first, the post could reach a context already
   // torn down. The posts only queue handlers; none runs here.
   own->complete(own->op, work);
