@@ -11,6 +11,8 @@
 
 #include <boost/asio/bind_cancellation_slot.hpp>
 #include <boost/asio/cancellation_signal.hpp>
+#include <boost/asio/co_spawn.hpp>
+#include <boost/asio/detached.hpp>
 #include <boost/asio/experimental/awaitable_operators.hpp>
 #include <boost/asio/steady_timer.hpp>
 
@@ -102,6 +104,28 @@ TEST_CASE_FIXTURE(iso_fixture,
   ioc.restart();
   ioc.run_for(50ms);
   CHECK(pid_gone(pid));
+}
+
+TEST_CASE_FIXTURE(iso_fixture,
+                  "isolated device whose worker cannot map the shared arena: a call pushed into "
+                  "its rings while it started fails at its hello, not at its deadline") {
+  auto dev = device(ioc.get_executor(), 0, options({"--no-cuda", "--test-no-arena"}));
+  auto x = dev.allocate<float>(64);
+  REQUIRE(x);
+  // Spawned before the io_context first runs: the fill reaches the first
+  // worker's request ring (which takes calls while the worker starts)
+  // before the worker's hello is read.
+  std::optional<result<gpu_ref<float>>> filled;
+  asio::co_spawn(
+      ioc, [&]() -> asio::awaitable<void> { filled.emplace(co_await fill_bytes(x.value(), 0)); },
+      asio::detached);
+  REQUIRE(run_until([&] { return filled.has_value(); }, 5s));  // for ever without the fix
+  REQUIRE_FALSE(*filled);
+  CHECK(filled->error().code() == errc::device_unavailable);
+  CHECK(filled->error().message().find("could not map the shared arena") != std::string::npos);
+  const auto s = dev.statistics();
+  CHECK(s.worker_calls_pending == 0);
+  CHECK(s.worker_restarts == 0);
 }
 
 TEST_CASE_FIXTURE(iso_fixture, "isolated device: options out of range are refused at open") {

@@ -674,8 +674,24 @@ struct worker_supervisor::impl : std::enable_shared_from_this<impl> {
       }
       self->running = true;
       self->last_pong = clock::now();
-      if (auto l = self->current_link(); l && l->inc == self->inc && !self->stopping.load())
-        l->accepting.store(true);
+      if (auto l = self->current_link(); l && l->inc == self->inc) {
+        if (f.arena_mapped != 0) {
+          if (!self->stopping.load()) l->accepting.store(true);
+        } else {
+          // The worker could not map the rings and the arena (its stderr
+          // says why): nothing will read the calls pushed there while it
+          // started. They fail now, not at their deadline; later calls take
+          // the socket, and transfers find no arena (a clear error).
+          {
+            std::lock_guard lk(self->mu);
+            self->shared = {};
+          }
+          const auto why =
+              self->with_tail(errc::device_unavailable,
+                              "the isolated device's worker could not map the shared arena");
+          for (auto& done : l->close()) done(why);
+        }
+      }
       auto held = std::move(self->early);
       self->early.clear();
       for (auto& m : held) self->send(std::move(m));

@@ -53,6 +53,7 @@
 //   --test-faults  accept fault injection (tests only): abort, SIGKILL, hang,
 //                  clean exit, and as requests an illegal-address kernel and a
 //                  kernel that never ends
+//   --test-no-arena  behave as if --arena could not be mapped (tests only)
 #include "../cpu_relax.hpp"
 #include "protocol.hpp"
 #include "ring.hpp"
@@ -120,6 +121,7 @@ struct args {
   std::chrono::microseconds io_spin{0};
   bool no_cuda = false;
   bool test_faults = false;
+  bool test_no_arena = false;
 };
 
 int usage(const char* why) {
@@ -127,7 +129,7 @@ int usage(const char* why) {
                "atomr-cuda-worker: %s\n"
                "usage: atomr-cuda-worker --socket NAME [--ordinal N] [--arena NAME --arena-bytes "
                "N --rings N] [--threads N] [--lanes N] [--no-ring-io-poll] [--io-spin US] "
-               "[--inline-launches] [--ring-yield] [--no-cuda] [--test-faults]\n"
+               "[--inline-launches] [--ring-yield] [--no-cuda] [--test-faults] [--test-no-arena]\n"
                "(started by an isolated atomr::cuda::device; not meant to be run by hand)\n",
                why);
   return 64;
@@ -221,6 +223,7 @@ public:
     if (!a_.arena.empty()) {
       namespace ipc = boost::interprocess;
       try {
+        if (a_.test_no_arena) throw std::runtime_error("made to fail by --test-no-arena");
         const std::size_t rings = std::min(a_.rings, wire::max_rings);
         const wire::region_layout layout{rings};
         ipc::shared_memory_object shm(ipc::open_only, a_.arena.c_str(), ipc::read_write);
@@ -932,6 +935,8 @@ int main(int argc, char** argv) {
       a.no_cuda = true;
     else if (s == "--test-faults")
       a.test_faults = true;
+    else if (s == "--test-no-arena")
+      a.test_no_arena = true;
     else
       return usage(("unknown argument " + s).c_str());
   }
