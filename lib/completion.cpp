@@ -163,7 +163,10 @@ protected:
     return true;
   }
 
-  void keep_work() { work_.emplace(asio::prefer(ex_, asio::execution::outstanding_work.tracked)); }
+  /// Once per wait (start() may have taken it already for a foreign executor).
+  void keep_work() {
+    if (!work_) work_.emplace(asio::prefer(ex_, asio::execution::outstanding_work.tracked));
+  }
   /// A handler bound to another executor than the device's (a callback on a
   /// second io_context) holds outstanding work there until it runs, as an
   /// Asio operation must: that io_context's run() must not return while the

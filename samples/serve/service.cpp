@@ -285,11 +285,10 @@ struct service::impl : std::enable_shared_from_this<impl> {
 
   void stop() {
     if (stopping.exchange(true)) return;
-    asio::post(ioc, [self = shared_from_this()] {
-      asio::post(self->acceptor.get_executor(), [self] {
-        boost::system::error_code ec;
-        self->acceptor.close(ec);
-      });
+    // On the acceptor's strand: the close never meets an accept in progress.
+    asio::post(acceptor.get_executor(), [self = shared_from_this()] {
+      boost::system::error_code ec;
+      self->acceptor.close(ec);
       std::vector<std::shared_ptr<tcp::socket>> open_now;
       {
         std::lock_guard lk(self->mu);
