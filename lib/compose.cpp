@@ -20,6 +20,25 @@ std::string step_prefix(std::size_t k, std::size_t n, std::string_view unit) {
   return std::string(unit) + ": step " + std::to_string(k) + " of " + std::to_string(n) + ": ";
 }
 
+/// An exception as an error: `prefix` then what it was (`aborted` for Asio's
+/// operation_aborted, which a cancellation throws at a co_await).
+gpu_error exception_error(std::exception_ptr e, const std::string& prefix,
+                          std::string_view aborted) {
+  try {
+    std::rethrow_exception(e);
+  } catch (const boost::system::system_error& se) {
+    if (se.code() == asio::error::operation_aborted)
+      return make_error(errc::cancelled, prefix + std::string(aborted));
+    return make_error(errc::library, prefix + se.what());
+  } catch (const std::bad_alloc&) {
+    return make_error(errc::out_of_memory, prefix + "out of host memory");
+  } catch (const std::exception& x) {
+    return make_error(errc::library, prefix + x.what());
+  } catch (...) {
+    return make_error(errc::library, prefix + "an exception");
+  }
+}
+
 /// Parks every stage's keep-alive (and output) until its own event completes
 /// (the event of its run, recorded after it: close_runs() first).
 void park_all(unit_recorder& rec) {
@@ -32,11 +51,28 @@ void settle_all(unit_recorder& rec, const gpu_error* e) {
 }
 }  // namespace
 
+namespace {
+/// Records the deferred event of the run that `st` belongs to. When that
+/// fails, no event tracks the run, which then reads as complete to whoever
+/// parks on it or is ordered after it: its stream is waited for here, on
+/// this thread, before any keep-alive of the unit goes (docs/design.md,
+/// "Work that no event tracks").
+result<void> settle_run(const unit_recorder::stage& st) {
+  const auto e = st.done->settle();
+  if (e == cudaSuccess) return outcome::success();
+  auto& d = *st.on.state()->owner;
+  auto err = classify(e, "cudaEventRecord");
+  d.note_error(err);
+  wait_untracked(d, st.on.native_handle());
+  return err;
+}
+}  // namespace
+
 result<void> unit_recorder::close_runs() {
   result<void> r = outcome::success();
   for (auto& st : stages) {
     if (!st.done) continue;
-    if (auto e = st.done->settle(); e != cudaSuccess && r) r = classify(e, "cudaEventRecord");
+    if (auto ok = settle_run(st); !ok && r) r = ok.error();
   }
   return r;
 }
@@ -97,9 +133,7 @@ result<void> begin_unit_step(unit_recorder& u, const stream& s) {
   // A step on another stream ends the previous stage's run: its event is
   // recorded now, not after whatever other coroutines put on that stream
   // while this unit runs its later steps.
-  if (!u.stages.empty() && u.stages.back().on.id() != s.id())
-    if (auto e = u.stages.back().done->settle(); e != cudaSuccess)
-      return classify(e, "cudaEventRecord");
+  if (!u.stages.empty() && u.stages.back().on.id() != s.id()) return settle_run(u.stages.back());
   return outcome::success();
 }
 
@@ -135,19 +169,16 @@ gpu_error unit_step_error(const gpu_error& e, std::size_t k, std::size_t n, std:
 
 gpu_error unit_step_exception(std::exception_ptr e, std::size_t k, std::size_t n,
                               std::string_view unit) {
-  try {
-    std::rethrow_exception(e);
-  } catch (const boost::system::system_error& se) {
-    if (se.code() == asio::error::operation_aborted)
-      return make_error(errc::cancelled, step_prefix(k, n, unit) + "cancelled before its enqueue");
-    return make_error(errc::library, step_prefix(k, n, unit) + se.what());
-  } catch (const std::bad_alloc&) {
-    return make_error(errc::out_of_memory, step_prefix(k, n, unit) + "out of host memory");
-  } catch (const std::exception& x) {
-    return make_error(errc::library, step_prefix(k, n, unit) + x.what());
-  } catch (...) {
-    return make_error(errc::library, step_prefix(k, n, unit) + "an exception");
-  }
+  return exception_error(std::move(e), step_prefix(k, n, unit), "cancelled before its enqueue");
+}
+
+gpu_error unit_interrupted(std::exception_ptr e, std::size_t started, std::size_t n,
+                           std::string_view unit) {
+  if (started < n) return unit_step_exception(std::move(e), started + 1, n, unit);
+  return exception_error(
+      std::move(e),
+      std::string(unit) + ": after its " + std::to_string(n) + " steps were enqueued: ",
+      "cancelled before the unit's wait began");
 }
 
 asio::awaitable<result<void>> finish_unit(unit_recorder& rec, completion how,

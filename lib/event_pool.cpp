@@ -10,7 +10,7 @@ cudaError_t pooled_event::settle_slow() noexcept {
   std::lock_guard lk(record_mu_);
   auto* s = deferred_.load(std::memory_order_relaxed);
   if (!s) return cudaSuccess;  // another thread recorded it meanwhile
-  const auto st = cudaEventRecord(ev_, s);
+  const auto st = pool_->take_failed_record() ? cudaErrorMemoryAllocation : cudaEventRecord(ev_, s);
   deferred_.store(nullptr, std::memory_order_release);
   return st;
 }

@@ -471,3 +471,103 @@ TEST_CASE_FIXTURE(io_fixture,
   CHECK(res->error().message().find("step 2 of 2: ") != std::string::npos);
   CHECK(order == std::vector<int>{1});
 }
+
+namespace {
+/// A step that waits `ms` on a timer deaf to cancellation (an empty slot of
+/// its own), then records its turn: a cancellation of the unit while it
+/// waits is seen only by the unit's next co_await.
+asio::awaitable<result<int>> deaf_step(std::vector<int>* order, int id, bool* waiting,
+                                       std::chrono::milliseconds ms) {
+  asio::steady_timer t(co_await asio::this_coro::executor, ms);
+  *waiting = true;
+  co_await t.async_wait(
+      asio::bind_cancellation_slot(asio::cancellation_slot(), asio::use_awaitable));
+  order->push_back(id);
+  co_return id;
+}
+
+/// A unit run as compose() runs it: steps 1 and 2 (2 deaf, waiting `ms`),
+/// and a third when `three`; its end records that it ran.
+asio::awaitable<result<int>> unit_with_deaf_step(std::vector<int>* order, bool* waiting, bool three,
+                                                 bool* end_ran) {
+  detail::unit_recorder rec;
+  const detail::unit_executor ex(co_await asio::this_coro::executor, &rec);
+  bool a = false, c = false;
+  auto finish = [end_ran](detail::unit_recorder&,
+                          std::optional<gpu_error> failed) -> asio::awaitable<result<void>> {
+    *end_ran = true;
+    if (failed) co_return *failed;
+    co_return outcome::success();
+  };
+  auto s1 = ordered_step(order, 1, &a, false);
+  auto s2 = deaf_step(order, 2, waiting, std::chrono::milliseconds(50));
+  result<void> ended = outcome::success();
+  if (three) {
+    std::tuple<std::optional<result<int>>, std::optional<result<int>>, std::optional<result<int>>>
+        got;
+    auto s3 = ordered_step(order, 3, &c, false);
+    ended = co_await detail::run_unit(ex, got, finish, s1, s2, s3);
+  } else {
+    std::tuple<std::optional<result<int>>, std::optional<result<int>>> got;
+    ended = co_await detail::run_unit(ex, got, finish, s1, s2);
+  }
+  if (!ended) co_return ended.error();
+  co_return 0;
+}
+}  // namespace
+
+TEST_CASE_FIXTURE(io_fixture,
+                  "a unit cancelled while a step waits on something deaf to it stops before the "
+                  "next step and names that step, or says all its steps were enqueued") {
+  // Asio throws the cancellation at the unit's next co_await (of step 3, or
+  // of the unit's end), outside any step: before the fix the unit named
+  // step 1 "cancelled before its enqueue" whatever had run.
+  for (const bool three : {true, false}) {
+    CAPTURE(three);
+    std::vector<int> order;
+    bool waiting = false, end_ran = false;
+    std::optional<result<int>> res;
+    asio::cancellation_signal sig;
+    async_from(ioc.get_executor(), unit_with_deaf_step(&order, &waiting, three, &end_ran),
+               asio::bind_cancellation_slot(sig.slot(),
+                                            [&](result<int> r) { res.emplace(std::move(r)); }));
+    REQUIRE(run_until([&] { return waiting; }));
+    sig.emit(asio::cancellation_type::terminal);
+    REQUIRE(run_until([&] { return res.has_value(); }, std::chrono::seconds(30)));
+    REQUIRE_FALSE(*res);
+    CHECK(res->error().code() == errc::cancelled);
+    CAPTURE(res->error().message());
+    if (three)
+      CHECK(res->error().message() == "compose: step 3 of 3: cancelled before its enqueue");
+    else
+      CHECK(res->error().message() ==
+            "compose: after its 2 steps were enqueued: cancelled before the unit's wait began");
+    CHECK(order == std::vector<int>{1, 2});  // the deaf step ended; step 3 never started
+    CHECK_FALSE(end_ran);
+  }
+  // record()'s unit (run_unit_steps) names the step the same way.
+  std::vector<int> order;
+  bool waiting = false, seen = false, a = false;
+  std::optional<std::optional<gpu_error>> failed;
+  asio::cancellation_signal sig;
+  detail::unit_recorder rec;
+  std::tuple<std::optional<result<int>>, std::optional<result<int>>, std::optional<result<int>>>
+      got;
+  asio::co_spawn(
+      ioc,
+      [&]() -> asio::awaitable<void> {
+        failed.emplace(co_await run_steps<int, int, int>(
+            &rec, got, ordered_step(&order, 1, &a, false),
+            deaf_step(&order, 2, &waiting, std::chrono::milliseconds(50)),
+            ordered_step(&order, 3, &seen, false)));
+      },
+      asio::bind_cancellation_slot(sig.slot(), asio::detached));
+  REQUIRE(run_until([&] { return waiting; }));
+  sig.emit(asio::cancellation_type::terminal);
+  REQUIRE(run_until([&] { return failed.has_value(); }, std::chrono::seconds(30)));
+  REQUIRE(*failed);
+  CHECK((*failed)->code() == errc::cancelled);
+  CHECK((*failed)->message() == "compose: step 3 of 3: cancelled before its enqueue");
+  CHECK(order == std::vector<int>{1, 2});
+  CHECK_FALSE(seen);
+}

@@ -128,6 +128,49 @@ TEST_CASE_FIXTURE(compose_fixture,
 }
 
 TEST_CASE_FIXTURE(compose_fixture,
+                  "a unit whose run's deferred event cannot be recorded (the driver out of "
+                  "resources) waits for that run's stream before its keep-alives go, at its end "
+                  "and when the next step changes streams") {
+  test_kernels kernels;
+  auto buf = alloc<int>(1), other = alloc<int>(1);
+  auto second = dev.acquire_stream(stream_policy::pooled).value();
+  for (const bool next_step_elsewhere : {false, true}) {
+    CAPTURE(next_step_elsewhere);
+    std::atomic<int> idle{-1};
+    const auto before = dev.statistics();
+    auto step = run_kernel("cuda", dev.main_stream(), buf,
+                           [&](launch& l) -> result<std::shared_ptr<stream_probe>> {
+                             if (auto e = kernels.spin(l.native_stream(), 100); e != cudaSuccess)
+                               return classify(e, "cudaLaunchKernel");
+                             return std::make_shared<stream_probe>(l.native_stream(), &idle);
+                           });
+    // The spin's run is recorded when the unit ends (one step), or when the
+    // second step on another stream begins: that record fails.
+    dev.impl()->events->fail_next_records(1);
+    result<void> r = outcome::success();
+    if (next_step_elsewhere) {
+      auto u = run(compose(dev, std::move(step), fill_bytes(other, 0, {.on = second})));
+      if (!u) r = u.error();
+    } else {
+      auto u = run(compose(dev, std::move(step)));
+      if (!u) r = u.error();
+    }
+    dev.impl()->events->fail_next_records(0);
+    REQUIRE_FALSE(r);
+    CAPTURE(r.error().message());
+    CHECK(r.error().code() == errc::out_of_memory);
+    CHECK(r.error().message().find("cudaEventRecord") != std::string::npos);
+    if (next_step_elsewhere) CHECK(r.error().message().find("step 2 of 2") != std::string::npos);
+    // Dropped once the spin had finished, not while it ran (before the fix
+    // the unrecorded event read as complete and let it go at once).
+    CHECK(idle.load() == 1);
+    CHECK(dev.statistics().untracked_waits == before.untracked_waits + 1);
+    check_settled(before, 0, 1);
+    REQUIRE(run(fill_bytes(buf, 0)));  // survivable
+  }
+}
+
+TEST_CASE_FIXTURE(compose_fixture,
                   "compose: upload, gemm, activation, download in one unit give the numbers of "
                   "a double-precision reference") {
   constexpr int n = 256;

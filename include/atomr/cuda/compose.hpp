@@ -46,6 +46,14 @@ gpu_error unit_step_error(const gpu_error& e, std::size_t k, std::size_t n,
 /// The error of a step that threw (cancellation before its enqueue, bad_alloc).
 gpu_error unit_step_exception(std::exception_ptr e, std::size_t k, std::size_t n,
                               std::string_view unit = "compose");
+/// The error of a unit's coroutine torn down by an exception outside its
+/// steps, after `started` of its `n` steps ran without failing: Asio throws
+/// at the co_await of the next step (or of the unit's end) once a
+/// cancellation was seen while the previous step was suspended in something
+/// deaf to it. Names step started + 1 (it never started), or, after all n,
+/// says that every step was enqueued and the wait never began.
+gpu_error unit_interrupted(std::exception_ptr e, std::size_t started, std::size_t n,
+                           std::string_view unit = "compose");
 /// Ends a unit: with `failed`, parks every stage's keep-alive until its event
 /// completes and yields the error; else waits for the stages (the last one,
 /// then any other stream's last one not done yet) with `how`, parking them
@@ -132,8 +140,10 @@ asio::awaitable<std::optional<gpu_error>> run_unit_steps(
                                             failed, unit, std::index_sequence_for<T...>{}),
                             asio::use_awaitable);
   } catch (...) {
-    // The unit's coroutine could not run at all (cancelled before it started).
-    if (!failed) failed = unit_step_exception(std::current_exception(), 1, sizeof...(T), unit);
+    // The unit's coroutine could not run at all (cancelled before it
+    // started), or was cancelled between two steps.
+    if (!failed)
+      failed = unit_interrupted(std::current_exception(), ex.recorder()->step, sizeof...(T), unit);
   }
   co_return failed;
 }
@@ -181,14 +191,15 @@ asio::awaitable<result<void>> run_unit(const unit_executor& ex,
         asio::use_awaitable);
   } catch (...) {
     // The unit's coroutine could not run at all (cancelled before it
-    // started), or its wait was abandoned by an exception (finish_unit has
-    // parked and settled everything then).
+    // started), was cancelled between two steps or after its last, or its
+    // wait was abandoned by an exception (finish_unit has parked and settled
+    // everything then).
     gpu_error e =
         rec.ended
             ? make_error(errc::cancelled,
                          std::string(unit) + ": the unit's wait was abandoned by an exception")
         : failed ? *failed
-                 : unit_step_exception(std::current_exception(), 1, sizeof...(T), unit);
+                 : unit_interrupted(std::current_exception(), rec.step, sizeof...(T), unit);
     abandon_unit(rec, e);
     ended = std::move(e);
   }

@@ -79,6 +79,10 @@ public:
   /// Tests only (test/test_gpu_compose.cpp): the next `n` acquires fail as
   /// the driver fails when it is out of resources (cudaErrorMemoryAllocation).
   void fail_next_acquires(int n) noexcept { fail_next_.store(n, std::memory_order_relaxed); }
+  /// Tests only: the next `n` deferred records (settle()) of this pool's
+  /// events fail as cudaEventRecord fails when the driver is out of
+  /// resources (cudaErrorMemoryAllocation), recording nothing.
+  void fail_next_records(int n) noexcept { fail_records_.store(n, std::memory_order_relaxed); }
 
 private:
   friend class pooled_event;
@@ -90,6 +94,11 @@ private:
   std::size_t created_ = 0;
   bool abandoned_ = false;
   std::atomic<int> fail_next_{0};
+  std::atomic<int> fail_records_{0};
+  bool take_failed_record() noexcept {
+    return fail_records_.load(std::memory_order_relaxed) > 0 &&
+           fail_records_.fetch_sub(1, std::memory_order_relaxed) > 0;
+  }
 };
 
 }  // namespace atomr::cuda::detail
