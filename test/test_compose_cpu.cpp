@@ -447,6 +447,23 @@ asio::awaitable<result<int>> unit_cancelled_in_last_step(std::vector<int>* order
   if (!ended) co_return ended.error();
   co_return 0;
 }
+
+/// Runs `unit` through async_from with a cancellation slot, emits terminal
+/// once `*waiting`, and yields the unit's outcome (which must fail).
+result<int> cancelled_once_waiting(io_fixture& f, asio::awaitable<result<int>> unit,
+                                   const bool* waiting) {
+  std::optional<result<int>> res;
+  asio::cancellation_signal sig;
+  async_from(
+      f.ioc.get_executor(), std::move(unit),
+      asio::bind_cancellation_slot(sig.slot(), [&](result<int> r) { res.emplace(std::move(r)); }));
+  REQUIRE(f.run_until([&] { return *waiting; }));
+  sig.emit(asio::cancellation_type::terminal);
+  REQUIRE(f.run_until([&] { return res.has_value(); }, std::chrono::seconds(30)));
+  REQUIRE_FALSE(*res);
+  CHECK(res->error().code() == errc::cancelled);
+  return std::move(*res);
+}
 }  // namespace
 
 TEST_CASE_FIXTURE(io_fixture,
@@ -457,18 +474,10 @@ TEST_CASE_FIXTURE(io_fixture,
   // moved into the end's call (an empty message) before the fix.
   std::vector<int> order;
   bool waiting = false;
-  std::optional<result<int>> res;
-  asio::cancellation_signal sig;
-  async_from(
-      ioc.get_executor(), unit_cancelled_in_last_step(&order, &waiting),
-      asio::bind_cancellation_slot(sig.slot(), [&](result<int> r) { res.emplace(std::move(r)); }));
-  REQUIRE(run_until([&] { return waiting; }));
-  sig.emit(asio::cancellation_type::terminal);
-  REQUIRE(run_until([&] { return res.has_value(); }, std::chrono::seconds(30)));
-  REQUIRE_FALSE(*res);
-  CHECK(res->error().code() == errc::cancelled);
-  CAPTURE(res->error().message());
-  CHECK(res->error().message().find("step 2 of 2: ") != std::string::npos);
+  const auto res =
+      cancelled_once_waiting(*this, unit_cancelled_in_last_step(&order, &waiting), &waiting);
+  CAPTURE(res.error().message());
+  CHECK(res.error().message().find("step 2 of 2: ") != std::string::npos);
   CHECK(order == std::vector<int>{1});
 }
 
@@ -526,21 +535,13 @@ TEST_CASE_FIXTURE(io_fixture,
     CAPTURE(three);
     std::vector<int> order;
     bool waiting = false, end_ran = false;
-    std::optional<result<int>> res;
-    asio::cancellation_signal sig;
-    async_from(ioc.get_executor(), unit_with_deaf_step(&order, &waiting, three, &end_ran),
-               asio::bind_cancellation_slot(sig.slot(),
-                                            [&](result<int> r) { res.emplace(std::move(r)); }));
-    REQUIRE(run_until([&] { return waiting; }));
-    sig.emit(asio::cancellation_type::terminal);
-    REQUIRE(run_until([&] { return res.has_value(); }, std::chrono::seconds(30)));
-    REQUIRE_FALSE(*res);
-    CHECK(res->error().code() == errc::cancelled);
-    CAPTURE(res->error().message());
+    const auto res = cancelled_once_waiting(
+        *this, unit_with_deaf_step(&order, &waiting, three, &end_ran), &waiting);
+    CAPTURE(res.error().message());
     if (three)
-      CHECK(res->error().message() == "compose: step 3 of 3: cancelled before its enqueue");
+      CHECK(res.error().message() == "compose: step 3 of 3: cancelled before its enqueue");
     else
-      CHECK(res->error().message() ==
+      CHECK(res.error().message() ==
             "compose: after its 2 steps were enqueued: cancelled before the unit's wait began");
     CHECK(order == std::vector<int>{1, 2});  // the deaf step ended; step 3 never started
     CHECK_FALSE(end_ran);

@@ -84,6 +84,18 @@ struct stream_probe {
   ~stream_probe() { idle_when_dropped->store(cudaStreamQuery(s) == cudaSuccess ? 1 : 0); }
 };
 
+/// A step on `on` that spins 100 ms, with `keep` and a stream_probe into
+/// `idle` as its keep-alive.
+asio::awaitable<result<gpu_ref<int>>> probed_spin(const test_kernels& k, const stream& on,
+                                                  gpu_ref<int> keep, std::atomic<int>* idle) {
+  return run_kernel("cuda", on, std::move(keep),
+                    [&k, idle](launch& l) -> result<std::shared_ptr<stream_probe>> {
+                      if (auto e = k.spin(l.native_stream(), 100); e != cudaSuccess)
+                        return classify(e, "cudaLaunchKernel");
+                      return std::make_shared<stream_probe>(l.native_stream(), idle);
+                    });
+}
+
 }  // namespace
 
 TEST_CASE_FIXTURE(compose_fixture,
@@ -96,12 +108,7 @@ TEST_CASE_FIXTURE(compose_fixture,
     CAPTURE(in_unit);
     std::atomic<int> idle{-1};
     const auto before = dev.statistics();
-    auto step = run_kernel("cuda", dev.main_stream(), buf,
-                           [&](launch& l) -> result<std::shared_ptr<stream_probe>> {
-                             if (auto e = kernels.spin(l.native_stream(), 100); e != cudaSuccess)
-                               return classify(e, "cudaLaunchKernel");
-                             return std::make_shared<stream_probe>(l.native_stream(), &idle);
-                           });
+    auto step = probed_spin(kernels, dev.main_stream(), buf, &idle);
     // The next event (the one after the spin) cannot be made.
     dev.impl()->events->fail_next_acquires(1);
     std::optional<gpu_error> err;
@@ -138,12 +145,7 @@ TEST_CASE_FIXTURE(compose_fixture,
     CAPTURE(next_step_elsewhere);
     std::atomic<int> idle{-1};
     const auto before = dev.statistics();
-    auto step = run_kernel("cuda", dev.main_stream(), buf,
-                           [&](launch& l) -> result<std::shared_ptr<stream_probe>> {
-                             if (auto e = kernels.spin(l.native_stream(), 100); e != cudaSuccess)
-                               return classify(e, "cudaLaunchKernel");
-                             return std::make_shared<stream_probe>(l.native_stream(), &idle);
-                           });
+    auto step = probed_spin(kernels, dev.main_stream(), buf, &idle);
     // The spin's run is recorded when the unit ends (one step), or when the
     // second step on another stream begins: that record fails.
     dev.impl()->events->fail_next_records(1);
