@@ -571,4 +571,28 @@ TEST_CASE_FIXTURE(io_fixture,
   CHECK((*failed)->message() == "compose: step 3 of 3: cancelled before its enqueue");
   CHECK(order == std::vector<int>{1, 2});
   CHECK_FALSE(seen);
+  // A leading transfer still pending (no enqueuing step came after it) was
+  // never enqueued: the unit names it, not the step after the deaf one.
+  order.clear();
+  waiting = false;
+  failed.reset();
+  got = {};
+  detail::unit_recorder rec2;
+  asio::co_spawn(
+      ioc,
+      [&]() -> asio::awaitable<void> {
+        failed.emplace(co_await run_steps<int, int, int>(
+            &rec2, got, deferring_step(device{}),
+            deaf_step(&order, 2, &waiting, std::chrono::milliseconds(50)),
+            ordered_step(&order, 3, &seen, false)));
+      },
+      asio::bind_cancellation_slot(sig.slot(), asio::detached));
+  REQUIRE(run_until([&] { return waiting; }));
+  sig.emit(asio::cancellation_type::terminal);
+  REQUIRE(run_until([&] { return failed.has_value(); }, std::chrono::seconds(30)));
+  REQUIRE(*failed);
+  CHECK((*failed)->code() == errc::cancelled);
+  CHECK((*failed)->message() == "compose: step 1 of 3: cancelled before its enqueue");
+  CHECK(order == std::vector<int>{2});
+  CHECK_FALSE(seen);
 }

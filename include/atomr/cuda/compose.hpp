@@ -46,6 +46,14 @@ gpu_error unit_step_error(const gpu_error& e, std::size_t k, std::size_t n,
 /// The error of a step that threw (cancellation before its enqueue, bad_alloc).
 gpu_error unit_step_exception(std::exception_ptr e, std::size_t k, std::size_t n,
                               std::string_view unit = "compose");
+/// How many of a unit's first steps had their work enqueued (or ran, for a
+/// step that enqueues nothing) when its coroutine was torn down outside any
+/// step: the steps that started, less the leading transfers still pending
+/// (only the unit's next enqueuing step or its end would have enqueued
+/// them; they are dropped unenqueued).
+inline std::size_t steps_enqueued(const unit_recorder& rec) noexcept {
+  return rec.pending.empty() ? rec.step : rec.pending.front().step - 1;
+}
 /// The error of a unit's coroutine torn down by an exception outside its
 /// steps, after `started` of its `n` steps ran without failing: Asio throws
 /// at the co_await of the next step (or of the unit's end) once a
@@ -143,7 +151,8 @@ asio::awaitable<std::optional<gpu_error>> run_unit_steps(
     // The unit's coroutine could not run at all (cancelled before it
     // started), or was cancelled between two steps.
     if (!failed)
-      failed = unit_interrupted(std::current_exception(), ex.recorder()->step, sizeof...(T), unit);
+      failed = unit_interrupted(std::current_exception(), steps_enqueued(*ex.recorder()),
+                                sizeof...(T), unit);
   }
   co_return failed;
 }
@@ -198,8 +207,9 @@ asio::awaitable<result<void>> run_unit(const unit_executor& ex,
         rec.ended
             ? make_error(errc::cancelled,
                          std::string(unit) + ": the unit's wait was abandoned by an exception")
-        : failed ? *failed
-                 : unit_interrupted(std::current_exception(), rec.step, sizeof...(T), unit);
+        : failed
+            ? *failed
+            : unit_interrupted(std::current_exception(), steps_enqueued(rec), sizeof...(T), unit);
     abandon_unit(rec, e);
     ended = std::move(e);
   }
