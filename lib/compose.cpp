@@ -49,9 +49,7 @@ void park_all(unit_recorder& rec) {
 void settle_all(unit_recorder& rec, const gpu_error* e) {
   for (auto& st : rec.stages) settle_unit_op(st.on, e);
 }
-}  // namespace
 
-namespace {
 /// Records the deferred event of the run that `st` belongs to. When that
 /// fails, no event tracks the run, which then reads as complete to whoever
 /// parks on it or is ordered after it: its stream is waited for here, on

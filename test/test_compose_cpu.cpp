@@ -495,7 +495,7 @@ asio::awaitable<result<int>> deaf_step(std::vector<int>* order, int id, bool* wa
   co_return id;
 }
 
-/// A unit run as compose() runs it: steps 1 and 2 (2 deaf, waiting `ms`),
+/// A unit run as compose() runs it: steps 1 and 2 (2 deaf, waiting 500 ms),
 /// and a third when `three`; its end records that it ran.
 asio::awaitable<result<int>> unit_with_deaf_step(std::vector<int>* order, bool* waiting, bool three,
                                                  bool* end_ran) {
@@ -509,7 +509,7 @@ asio::awaitable<result<int>> unit_with_deaf_step(std::vector<int>* order, bool* 
     co_return outcome::success();
   };
   auto s1 = ordered_step(order, 1, &a, false);
-  auto s2 = deaf_step(order, 2, waiting, std::chrono::milliseconds(50));
+  auto s2 = deaf_step(order, 2, waiting, std::chrono::milliseconds(500));
   result<void> ended = outcome::success();
   if (three) {
     std::tuple<std::optional<result<int>>, std::optional<result<int>>, std::optional<result<int>>>
@@ -546,53 +546,42 @@ TEST_CASE_FIXTURE(io_fixture,
     CHECK(order == std::vector<int>{1, 2});  // the deaf step ended; step 3 never started
     CHECK_FALSE(end_ran);
   }
-  // record()'s unit (run_unit_steps) names the step the same way.
+  // record()'s unit (run_unit_steps) names the step the same way: steps
+  // `first`, a deaf one (2) and an ordinary one (3), cancelled while 2 waits.
   std::vector<int> order;
-  bool waiting = false, seen = false, a = false;
-  std::optional<std::optional<gpu_error>> failed;
-  asio::cancellation_signal sig;
-  detail::unit_recorder rec;
-  std::tuple<std::optional<result<int>>, std::optional<result<int>>, std::optional<result<int>>>
-      got;
-  asio::co_spawn(
-      ioc,
-      [&]() -> asio::awaitable<void> {
-        failed.emplace(co_await run_steps<int, int, int>(
-            &rec, got, ordered_step(&order, 1, &a, false),
-            deaf_step(&order, 2, &waiting, std::chrono::milliseconds(50)),
-            ordered_step(&order, 3, &seen, false)));
-      },
-      asio::bind_cancellation_slot(sig.slot(), asio::detached));
-  REQUIRE(run_until([&] { return waiting; }));
-  sig.emit(asio::cancellation_type::terminal);
-  REQUIRE(run_until([&] { return failed.has_value(); }, std::chrono::seconds(30)));
-  REQUIRE(*failed);
-  CHECK((*failed)->code() == errc::cancelled);
-  CHECK((*failed)->message() == "compose: step 3 of 3: cancelled before its enqueue");
+  bool seen = false, a = false;
+  auto cancel_record_unit = [&](asio::awaitable<result<int>> first) {
+    bool waiting = false;
+    std::optional<std::optional<gpu_error>> failed;
+    asio::cancellation_signal sig;
+    detail::unit_recorder rec;
+    std::tuple<std::optional<result<int>>, std::optional<result<int>>, std::optional<result<int>>>
+        got;
+    asio::co_spawn(
+        ioc,
+        [&]() -> asio::awaitable<void> {
+          failed.emplace(co_await run_steps<int, int, int>(
+              &rec, got, std::move(first),
+              deaf_step(&order, 2, &waiting, std::chrono::milliseconds(500)),
+              ordered_step(&order, 3, &seen, false)));
+        },
+        asio::bind_cancellation_slot(sig.slot(), asio::detached));
+    REQUIRE(run_until([&] { return waiting; }));
+    sig.emit(asio::cancellation_type::terminal);
+    REQUIRE(run_until([&] { return failed.has_value(); }, std::chrono::seconds(30)));
+    REQUIRE(*failed);
+    CHECK((*failed)->code() == errc::cancelled);
+    return (*failed)->message();
+  };
+  CHECK(cancel_record_unit(ordered_step(&order, 1, &a, false)) ==
+        "compose: step 3 of 3: cancelled before its enqueue");
   CHECK(order == std::vector<int>{1, 2});
   CHECK_FALSE(seen);
   // A leading transfer still pending (no enqueuing step came after it) was
   // never enqueued: the unit names it, not the step after the deaf one.
   order.clear();
-  waiting = false;
-  failed.reset();
-  got = {};
-  detail::unit_recorder rec2;
-  asio::co_spawn(
-      ioc,
-      [&]() -> asio::awaitable<void> {
-        failed.emplace(co_await run_steps<int, int, int>(
-            &rec2, got, deferring_step(device{}),
-            deaf_step(&order, 2, &waiting, std::chrono::milliseconds(50)),
-            ordered_step(&order, 3, &seen, false)));
-      },
-      asio::bind_cancellation_slot(sig.slot(), asio::detached));
-  REQUIRE(run_until([&] { return waiting; }));
-  sig.emit(asio::cancellation_type::terminal);
-  REQUIRE(run_until([&] { return failed.has_value(); }, std::chrono::seconds(30)));
-  REQUIRE(*failed);
-  CHECK((*failed)->code() == errc::cancelled);
-  CHECK((*failed)->message() == "compose: step 1 of 3: cancelled before its enqueue");
+  CHECK(cancel_record_unit(deferring_step(device{})) ==
+        "compose: step 1 of 3: cancelled before its enqueue");
   CHECK(order == std::vector<int>{2});
   CHECK_FALSE(seen);
 }

@@ -299,7 +299,8 @@ result<O> record_in_unit(unit_capture& c, std::string_view library, const stream
 
 /// Inside a composed unit, before a step's enqueue on `s`: enqueues the
 /// unit's pending transfers on `s` (flush_pending), and records the event of
-/// the previous stage's run when `s` is another stream (the run ends there).
+/// the previous stage's run when `s` is another stream (the run ends there;
+/// if that record fails, the run's stream is waited for before the error).
 result<void> begin_unit_step(unit_recorder& u, const stream& s);
 /// Inside a composed unit, after a step's enqueue on `l`: the event of the
 /// run `l`'s step belongs to. The previous stage's, when it is on the same

@@ -103,7 +103,9 @@ struct unit_recorder {
   }
 
   /// Records every stage's event that is still deferred, on its stream.
-  /// Returns the first error (a cudaEventRecord failure: the context is gone).
+  /// Returns the first error (a cudaEventRecord failure: out of resources,
+  /// or the context is gone); a run whose record failed is waited for on
+  /// this thread first (docs/design.md, "Work that no event tracks").
   result<void> close_runs();
 };
 
