@@ -174,8 +174,14 @@ protected:
   /// keeps a post or a timer on it while it waits), so a coroutine or a
   /// callback on it costs one comparison and no atomic operation; any other
   /// executor (a strand of the same io_context too) takes the tracked work.
+  /// A composed unit's executor that runs as the device's (its coroutine
+  /// on the device's executor) is the device's too: it runs nothing
+  /// elsewhere, and taking the work would copy the unit's executor to the
+  /// heap and touch the io_context's shared work count, once per unit.
   void keep_foreign_work() {
-    if (!(ex_ == dev_->completion_executor)) keep_work();
+    if (ex_ == dev_->completion_executor) return;
+    if (const auto* u = ex_.target<unit_executor>(); u && u->inner() == dev_->executor) return;
+    keep_work();
   }
 
   std::shared_ptr<device_impl> dev_;

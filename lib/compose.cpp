@@ -10,8 +10,9 @@
 #include <algorithm>
 #include <chrono>
 #include <new>
+#include <cstddef>
+#include <cstring>
 #include <string>
-#include <vector>
 
 namespace atomr::cuda::detail {
 
@@ -81,8 +82,8 @@ result<void> flush_pending(unit_recorder& u, const stream& on) {
   stream pooled;
   for (auto& p : pending) {
     stream where = on;
-    if (!where || where.get_device() != p.dev) {
-      if (!pooled || pooled.get_device() != p.dev) {
+    if (!stream_of(where, p.dev.impl().get())) {
+      if (!stream_of(pooled, p.dev.impl().get())) {
         auto got = p.dev.acquire_stream(stream_policy::pooled);
         if (!got) {
           u.pending_failure.emplace(p.step, got.error());
@@ -111,7 +112,7 @@ result<void> flush_pending(unit_recorder& u, const stream& on) {
     }
     // The stage first, as in enqueue_in_unit: its event is then recorded by the unit.
     try {
-      u.stages.reserve(u.stages.size() + 1);  // no temporary stage dies before the catch
+      u.room_for_stage();  // no temporary stage dies before the catch
       u.stages.push_back({l.get_stream(), std::move(done).value(), std::move(keep).value()});
     } catch (...) {
       l.wait_untracked();
@@ -210,13 +211,16 @@ asio::awaitable<result<void>> finish_unit(unit_recorder& rec, completion how,
   // `how`'s timeout is the unit's: each further wait gets what is left of it.
   const auto start = std::chrono::steady_clock::now();
   result<void> waited = outcome::success();
-  std::vector<std::uint64_t> seen;
   try {
     for (std::size_t i = rec.stages.size(); i-- > 0;) {
       auto& st = rec.stages[i];
-      const auto id = st.on.id();
-      if (std::find(seen.begin(), seen.end(), id) != seen.end()) continue;  // stream order
-      seen.push_back(id);
+      // Only each stream's last stage: the ones before it on that stream
+      // finished before it (stream order). A unit has a few stages, so the
+      // scan costs less than remembering the streams seen.
+      const auto later = rec.stages.begin() + static_cast<std::ptrdiff_t>(i) + 1;
+      if (std::any_of(later, rec.stages.end(),
+                      [&](const unit_recorder::stage& o) { return o.on.state() == st.on.state(); }))
+        continue;
       if (already_done(*st.done)) continue;
       completion left = how;
       if (how.timeout != no_timeout) {
@@ -244,7 +248,7 @@ asio::awaitable<result<void>> finish_unit(unit_recorder& rec, completion how,
     settle_all(rec, &waited.error());
     co_return waited.error();
   }
-  for (auto& f : rec.finalizers) f();
+  for (const auto& c : rec.copies_out) std::memcpy(c.to, c.from, c.bytes);
   settle_all(rec, nullptr);
   co_return outcome::success();
 }

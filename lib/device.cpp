@@ -1044,4 +1044,13 @@ device stream::get_device() const {
   return device(st_->owner->shared_from_this());
 }
 
+namespace detail {
+bool stream_of(const stream& s, const device_impl* d) noexcept {
+  return s && s.state()->owner == d;
+}
+bool same_device(const stream& a, const stream& b) noexcept {
+  return a && b && a.state()->owner == b.state()->owner;
+}
+}  // namespace detail
+
 }  // namespace atomr::cuda

@@ -602,7 +602,7 @@ asio::awaitable<result<void>> remote_download(remote_view src, void* dst, std::s
       const auto inc = b->incarnation();
       BOOST_OUTCOME_CO_TRY(
           co_await remote_call(d, wire::op_code::download, std::move(payload), c, b, inc));
-      unit->finalizers.push_back([b, to = out + at, n] { std::memcpy(to, b->data(), n); });
+      unit->copies_out.push_back({b, b->data(), out + at, n});
       at += n;
     }
     co_return outcome::success();

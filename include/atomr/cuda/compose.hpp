@@ -65,22 +65,9 @@ gpu_error unit_interrupted(std::exception_ptr e, std::size_t started, std::size_
 /// Ends a unit: with `failed`, parks every stage's keep-alive until its event
 /// completes and yields the error; else waits for the stages (the last one,
 /// then any other stream's last one not done yet) with `how`, parking them
-/// on timeout or cancellation, and on success runs the finalizers.
+/// on timeout or cancellation, and on success makes the copies out of pageable downloads' staging blocks.
 asio::awaitable<result<void>> finish_unit(unit_recorder& rec, completion how,
                                           std::optional<gpu_error> failed);
-
-/// Awaits one step in the unit's coroutine (whose executor carries the unit,
-/// so the step's run_kernel finds it); its value or error goes to `out`.
-template <class T>
-asio::awaitable<void> await_unit_step(asio::awaitable<result<T>>& step,
-                                      std::optional<result<T>>& out, std::size_t k, std::size_t n,
-                                      const char* unit) {
-  try {
-    out.emplace(co_await std::move(step));
-  } catch (...) {
-    out.emplace(unit_step_exception(std::current_exception(), k, n, unit));
-  }
-}
 
 /// The unit's coroutine: every step in order, each only after the one before
 /// it has enqueued; the first error (or a cancellation of the unit seen
@@ -120,7 +107,13 @@ asio::awaitable<void> unit_body(unit_recorder& rec,
       co_return;
     }
     rec.step = k;
-    co_await await_unit_step(step, out, k, n, unit);
+    // The step in this coroutine (whose executor carries the unit, so the
+    // step's run_kernel finds it): its value, or the error of what it threw.
+    try {
+      out.emplace(co_await std::move(step));
+    } catch (...) {
+      out.emplace(unit_step_exception(std::current_exception(), k, n, unit));
+    }
     // A pending transfer this step enqueued failed: that step is named.
     if (rec.pending_failure)
       failed = unit_step_error(rec.pending_failure->second, rec.pending_failure->first, n, unit);
@@ -260,6 +253,7 @@ asio::awaitable<result<std::tuple<detail::step_value_t<T>...>>> compose(
                          "compose: a unit cannot be a step of another unit (pass its steps to "
                          "the outer one)");
   detail::unit_recorder rec;
+  rec.stages.reserve(sizeof...(T));  // a stage per step, as most steps make
   const detail::unit_executor ex(std::move(outer), &rec);
   std::tuple<std::optional<result<T>>...> got;
   auto finish = [how](detail::unit_recorder& r, std::optional<gpu_error> failed) {

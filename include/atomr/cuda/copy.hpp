@@ -53,7 +53,7 @@ result<std::pair<stream, completion>> resolve_transfer(const gpu_ref<T>& ref,
     // Back to back on the previous step's stream: a download there needs no
     // cross-stream wait for the data it moves, and a unit's transfers do not
     // queue behind other coroutines' transfers on one shared stream.
-    if (!unit->stages.empty() && unit->stages.back().on.get_device() == d)
+    if (!unit->stages.empty() && stream_of(unit->stages.back().on, ref.state()->dev.get()))
       return std::pair{unit->stages.back().on, how};
     // A leading transfer (nothing enqueued yet): it will go on the stream of
     // the unit's next enqueuing step, so that step does not wait for it
@@ -241,8 +241,7 @@ asio::awaitable<result<void>> download(gpu_ref<T> src, std::span<T> dst, transfe
   if (auto* unit = detail::unit_of(co_await asio::this_coro::executor)) {
     // A step of compose(): the DMA is only enqueued; the copy out of the
     // staging block runs when the unit's wait has ended.
-    unit->finalizers.push_back(
-        [got, dst] { std::memcpy(static_cast<void*>(dst.data()), got.data(), dst.size_bytes()); });
+    unit->copies_out.push_back({got.block(), got.data(), dst.data(), dst.size_bytes()});
     co_return outcome::success();
   }
   std::memcpy(static_cast<void*>(dst.data()), got.data(), dst.size_bytes());

@@ -329,7 +329,7 @@ result<O> enqueue_in_unit(unit_recorder& u, std::string_view library, stream s, 
   // for first. The room for the stage is made before it is built, so that
   // no temporary holding the keep-alive dies before the catch.
   try {
-    u.stages.reserve(u.stages.size() + 1);
+    u.room_for_stage();
     auto kept = std::make_shared<both>(std::move(keep).value(), output);
     u.stages.push_back({l.get_stream(), std::move(done).value(), std::move(kept)});
   } catch (...) {

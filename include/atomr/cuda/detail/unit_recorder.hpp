@@ -15,7 +15,6 @@
 
 #include <cstddef>
 #include <cstdint>
-#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -66,9 +65,16 @@ struct unit_recorder {
   /// A pending transfer that failed when it was enqueued: its step and error
   /// (the unit reports it under that step, not the step that enqueued it).
   std::optional<std::pair<std::size_t, gpu_error>> pending_failure;
-  /// Host work to run once every stage finished, in order (a pageable
-  /// download's copy out of its staging buffer); dropped if the unit fails.
-  std::vector<std::function<void()>> finalizers;
+  /// A pageable download's copy out of its staging block: made once every
+  /// stage finished, in order; dropped if the unit fails. (A plain record,
+  /// not a std::function: its capture would not fit one's inline storage.)
+  struct copy_out {
+    std::shared_ptr<const void> block;  ///< what holds `from` (the staging block)
+    const void* from = nullptr;
+    void* to = nullptr;
+    std::size_t bytes = 0;
+  };
+  std::vector<copy_out> copies_out;
   /// Non-null while the unit is recorded into a CUDA graph (graph.hpp): the
   /// steps enqueue on the recording's stream and nothing runs.
   unit_capture* capture = nullptr;
@@ -102,6 +108,14 @@ struct unit_recorder {
       if (st.done) st.done->settle();  // errors: nothing more can be done here
   }
 
+  /// Room for one more stage, made before the stage is built (so that no
+  /// temporary holding a step's keep-alive dies between its allocation and
+  /// the caller's catch): the capacity doubles when full, and compose()
+  /// reserves one per step up front, so a unit allocates its stages once.
+  void room_for_stage() {
+    if (stages.size() == stages.capacity()) stages.reserve(stages.empty() ? 4 : 2 * stages.size());
+  }
+
   /// Records every stage's event that is still deferred, on its stream.
   /// Returns the first error (a cudaEventRecord failure: out of resources,
   /// or the context is gone); a run whose record failed is waited for on
@@ -126,6 +140,8 @@ public:
       : inner_(std::move(inner)), rec_(rec) {}
 
   unit_recorder* recorder() const noexcept { return rec_; }
+  /// The executor it runs as.
+  const asio::any_io_executor& inner() const noexcept { return inner_; }
 
   template <class Property>
   requires asio::can_query<const asio::any_io_executor&, const Property&>::value decltype(auto)
@@ -162,6 +178,12 @@ inline unit_recorder* unit_of(const asio::any_io_executor& ex) noexcept {
   return u ? u->recorder() : nullptr;
 }
 
+/// True when `s` is a stream of the device whose state is `d` (compared
+/// without making a device handle: a unit's steps ask it on every step).
+bool stream_of(const stream& s, const device_impl* d) noexcept;
+/// True when `a` and `b` are streams of one device (both non-empty).
+bool same_device(const stream& a, const stream& b) noexcept;
+
 /// The stream of a step that may run on any stream of its device (an actor
 /// operation that uses no workspace or plan of its lane: cuDNN's activation,
 /// softmax, pooling, batch normalisation): inside a unit, the stream of the
@@ -172,7 +194,7 @@ inline unit_recorder* unit_of(const asio::any_io_executor& ex) noexcept {
 inline stream unit_step_stream(const unit_recorder* unit, const stream& own) {
   if (!unit || unit->capture || unit->stages.empty()) return own;
   const stream& prev = unit->stages.back().on;
-  return prev && prev.get_device() == own.get_device() ? prev : own;
+  return same_device(prev, own) ? prev : own;
 }
 
 }  // namespace atomr::cuda::detail
