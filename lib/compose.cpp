@@ -98,9 +98,8 @@ result<void> flush_pending(unit_recorder& u, const stream& on) {
       return ok.error();
     }
     launch l(where, p.library);
-    auto keep = p.run(p.state.get(), l);
-    if (!keep) {
-      auto e = l.fail(keep.error());
+    if (auto ran = p.run(p.state.get(), l); !ran) {
+      auto e = l.fail(ran.error());
       u.pending_failure.emplace(p.step, e);
       return e;
     }
@@ -113,7 +112,7 @@ result<void> flush_pending(unit_recorder& u, const stream& on) {
     // The stage first, as in enqueue_in_unit: its event is then recorded by the unit.
     try {
       u.room_for_stage();  // no temporary stage dies before the catch
-      u.stages.push_back({l.get_stream(), std::move(done).value(), std::move(keep).value()});
+      u.stages.push_back({l.get_stream(), std::move(done).value(), std::move(p.state)});
     } catch (...) {
       l.wait_untracked();
       throw;

@@ -65,7 +65,8 @@ gpu_error unit_interrupted(std::exception_ptr e, std::size_t started, std::size_
 /// Ends a unit: with `failed`, parks every stage's keep-alive until its event
 /// completes and yields the error; else waits for the stages (the last one,
 /// then any other stream's last one not done yet) with `how`, parking them
-/// on timeout or cancellation, and on success makes the copies out of pageable downloads' staging blocks.
+/// on timeout or cancellation, and on success makes the copies out of
+/// pageable downloads' staging blocks.
 asio::awaitable<result<void>> finish_unit(unit_recorder& rec, completion how,
                                           std::optional<gpu_error> failed);
 

@@ -349,25 +349,28 @@ template <class O, class Enqueue>
 result<O> defer_in_unit(unit_recorder& u, device dev, std::string_view library, completion how,
                         O output, Enqueue enqueue) {
   static_assert(std::is_copy_constructible_v<O>, "a unit keeps a copy of each step's output");
+  // Once enqueued, `held` (with the keep-alive in `kept`) is the stage's
+  // keep-alive: no second allocation for it.
   struct held {
     completion how;
     O output;
     Enqueue enqueue;
+    std::optional<typename enqueue_keep<Enqueue>::type> kept;
   };
-  auto run = [](void* p, launch& l) -> result<std::shared_ptr<void>> {
+  auto run = [](void* p, launch& l) -> result<void> {
     auto& h = *static_cast<held*>(p);
     auto keep = checked_enqueue(l, h.how, h.output, h.enqueue);
     if (!keep) return keep.error();
-    using both = std::pair<typename enqueue_keep<Enqueue>::type, O>;
     try {
-      return std::shared_ptr<void>(std::make_shared<both>(std::move(keep).value(), h.output));
+      h.kept.emplace(std::move(keep).value());
     } catch (...) {
       l.wait_untracked();
       throw;
     }
+    return outcome::success();
   };
   u.pending.push_back({u.step, std::move(dev), library,
-                       std::make_shared<held>(held{how, output, std::move(enqueue)}), run});
+                       std::make_shared<held>(held{how, output, std::move(enqueue), {}}), run});
   return output;
 }
 }  // namespace detail

@@ -53,10 +53,11 @@ struct unit_recorder {
     std::size_t step = 0;  ///< its step number (1-based)
     device dev;            ///< the device of its buffer
     std::string_view library;
-    /// The transfer's enqueue function and output, owned.
+    /// The transfer's enqueue function and output, owned; once enqueued,
+    /// its keep-alive too: then the stage's keep-alive.
     std::shared_ptr<void> state;
-    /// Runs its checks and enqueue on `l`; yields its keep-alive with its output.
-    result<std::shared_ptr<void>> (*run)(void* state, launch& l) = nullptr;
+    /// Runs its checks and enqueue on `l`, keeping the keep-alive in `state`.
+    result<void> (*run)(void* state, launch& l) = nullptr;
   };
   std::vector<pending_transfer> pending;
   /// The step running now (1-based; set by the unit's coroutine), what a
