@@ -149,7 +149,7 @@ result<std::shared_ptr<pooled_event>> join_unit_run(unit_recorder& u, launch& l)
     return e;
   }
   ev->defer_record(l.native_stream());
-  d.unit_events.fetch_add(1, std::memory_order_relaxed);
+  d.unit_events.add(1);
   return ev;
 }
 
