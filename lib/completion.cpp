@@ -175,9 +175,11 @@ protected:
   /// callback on it costs one comparison and no atomic operation; any other
   /// executor (a strand of the same io_context too) takes the tracked work.
   /// A composed unit's executor that runs as the device's (its coroutine
-  /// on the device's executor) is the device's too: it runs nothing
-  /// elsewhere, and taking the work would copy the unit's executor to the
-  /// heap and touch the io_context's shared work count, once per unit.
+  /// on the device's executor) counts as the device's: the same reason
+  /// holds, and the unit's own co_spawn holds work on that executor until
+  /// the unit's coroutine ends anyway; taking it again copied the unit's
+  /// executor (too large for any_executor's inline storage) to the heap and
+  /// touched the io_context's shared work count, once per unit.
   void keep_foreign_work() {
     if (ex_ == dev_->completion_executor) return;
     if (const auto* u = ex_.target<unit_executor>(); u && u->inner() == dev_->executor) return;

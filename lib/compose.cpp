@@ -9,9 +9,9 @@
 
 #include <algorithm>
 #include <chrono>
-#include <new>
 #include <cstddef>
 #include <cstring>
+#include <new>
 #include <string>
 
 namespace atomr::cuda::detail {

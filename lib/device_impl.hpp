@@ -175,7 +175,7 @@ public:
 
   // statistics
   sharded_counter in_flight, completed, failed;  // per operation (launch)
-  sharded_counter unit_events;                   // per composed unit
+  sharded_counter unit_events;                   // per run event of a composed unit
   alignas(64) std::atomic<std::uint64_t> faults{0}, oom{0}, live_buffers{0}, parked_count{0},
       ops_batched{0}, batches{0}, untracked_waits{0};
   alignas(64) char after_counters_ = 0;  // whatever follows starts on a new line

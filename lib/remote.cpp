@@ -593,7 +593,7 @@ asio::awaitable<result<void>> remote_download(remote_view src, void* dst, std::s
   const std::size_t es = size_of(src.st->type);
   if (auto* unit = unit_of(co_await asio::this_coro::executor)) {
     // In a unit: each piece's request joins the unit's message, and its
-    // bytes are copied out by a finalizer, which runs only once the whole
+    // bytes are copied out (the unit's copies_out) only once the whole
     // unit succeeded (so `dst` is written only then).
     for (std::size_t at = 0; at < bytes;) {
       BOOST_OUTCOME_CO_TRY(auto b, unit_block(d, bytes - at));

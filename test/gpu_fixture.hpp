@@ -20,7 +20,6 @@
 #include <string>
 #include <string_view>
 #include <stdexcept>
-#include <thread>
 #include <tuple>
 #include <vector>
 
@@ -135,23 +134,6 @@ struct gpu_fixture : io_fixture {
   template <element T>
   gpu_ref<T> alloc(std::size_t n) {
     return dev.allocate<T>(n).value();
-  }
-
-  /// Runs `other` (a second io_context, where a handler or coroutine of the
-  /// test waits) on this thread until its run() returns, the device's `ioc`
-  /// on another thread meanwhile (5 s at most); returns how long other.run()
-  /// took.
-  std::chrono::steady_clock::duration run_beside(asio::io_context& other) {
-    std::thread device_io([&] {
-      ioc.restart();
-      ioc.run_for(std::chrono::seconds(5));
-    });
-    const auto t0 = std::chrono::steady_clock::now();
-    other.run();
-    const auto took = std::chrono::steady_clock::now() - t0;
-    ioc.stop();
-    device_io.join();
-    return took;
   }
 
   gpu_ref<float> upload_floats(const std::vector<float>& v, const stream& s) {

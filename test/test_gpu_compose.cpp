@@ -99,31 +99,6 @@ asio::awaitable<result<gpu_ref<int>>> probed_spin(const test_kernels& k, const s
 }  // namespace
 
 TEST_CASE_FIXTURE(compose_fixture,
-                  "a unit awaited from a coroutine on a second io_context keeps that context's "
-                  "run() from returning until the unit ended, with each strategy") {
-  // The device runs on `ioc`, the unit's coroutine on `other`, which has
-  // nothing else to do: the unit's wait holds outstanding work there, as an
-  // Asio operation does on its handler's executor, or other.run() returns
-  // once the unit suspends and the unit never ends. (A unit on the device's
-  // own executor takes none: the poll hub keeps that one busy.)
-  test_kernels kernels;
-  const completion strategies[] = {event_poll{}, host_fn{}, blocking_sync{}};
-  for (const completion& how : strategies) {
-    CAPTURE(to_string(how.kind));
-    asio::io_context other;
-    std::optional<result<std::tuple<gpu_ref<int>>>> got;
-    auto unit = [&]() -> asio::awaitable<void> {
-      got = co_await compose(dev, how, spin_step(kernels, dev.main_stream(), alloc<int>(1), 50));
-    };
-    asio::co_spawn(other, unit(), asio::detached);
-    const auto took = run_beside(other);
-    REQUIRE(got);
-    CHECK(*got);
-    CHECK(took >= 20ms);  // it waited for the spin, not for nothing
-  }
-}
-
-TEST_CASE_FIXTURE(compose_fixture,
                   "an operation whose completion event cannot be made (the driver out of "
                   "resources) waits for its stream before its keep-alive goes, alone and as a "
                   "unit's step") {
