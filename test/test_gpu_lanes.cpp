@@ -6,6 +6,7 @@
 // numbers cuRAND's own generator gives, and an actor's lanes give back everything
 // they held. Inputs are random, outputs NaN-filled before use.
 #include "gpu_fixture.hpp"
+#include "thread_dump.hpp"
 
 #include <atomr/cuda.hpp>
 
@@ -435,6 +436,10 @@ TEST_CASE_FIXTURE(lanes_fixture,
                    static_cast<unsigned long long>(st.batches),
                    static_cast<unsigned long long>(st.launch_sleeps),
                    static_cast<unsigned long long>(st.parked), st.library_threads);
+      // Where every thread is (the hop thread of the chain's step, the io
+      // threads, the launch threads, the driver's): what waits on what.
+      test::dump_thread_stacks(fileno(stderr));
+      std::fflush(stderr);
       stop = true;
       const auto grace = std::chrono::steady_clock::now() + std::chrono::seconds(20);
       while (left.load() > 0 && std::chrono::steady_clock::now() < grace)
