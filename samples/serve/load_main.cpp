@@ -94,7 +94,8 @@ void print_usage(std::FILE* to) {
       "  --fault-kind K     illegal_address, abort, kill or hang (default illegal_address)\n"
       "  --wait-healthy S   first wait up to S seconds for GET /health to answer 200 (an\n"
       "                     isolated device's worker starting); exit 69 if it never does\n"
-      "  --json FILE        write the summary as JSON\n"
+      "  --json FILE        write the summary as JSON (with each failing status's first\n"
+      "                     answer, which names the failure, as the summary prints it)\n"
       "  --quiet            no progress line\n"
       "  --help             print this help and exit\n"
       "\n"
@@ -277,6 +278,9 @@ struct tally {
   std::mutex mu;
   std::vector<double> latencies_us;  // successful requests
   std::map<int, std::uint64_t> by_status;
+  /// Each failing status's first answer: when (seconds since t0) and its body
+  /// (cut to 400 bytes), which names the failure (e.g. why a worker restarted).
+  std::map<int, std::pair<double, std::string>> first_error;
   std::uint64_t ok = 0, wrong = 0, failed = 0, connect_errors = 0, faults = 0;
   std::vector<std::pair<double, double>> failed_spans;  // [start, end] seconds since t0
   std::uint64_t window_done = 0;
@@ -405,6 +409,7 @@ asio::awaitable<void> connection(run_state& st, int id) {
     } else {
       ++st.t.failed;
       st.t.failed_spans.emplace_back(since(st, t1), since(st, t2));
+      st.t.first_error.try_emplace(code, since(st, t2), res.body().substr(0, 400));
     }
     if (!res.keep_alive()) {
       connected = false;
@@ -591,6 +596,9 @@ int main(int argc, char** argv) {
       static_cast<unsigned long long>(t.failed), static_cast<unsigned long long>(t.wrong),
       o.check ? "" : " (not checked)", static_cast<unsigned long long>(t.faults), fsec,
       codes.c_str(), cpu_us);
+  for (const auto& [c, first] : t.first_error)
+    std::printf("%s: first %d answer at %.3f s: %s\n", prog.name, c, first.first,
+                first.second.c_str());
   std::printf("%s: the service's /health after the run: %s\n", prog.name, health_after.c_str());
   if (!o.json.empty()) {
     std::string j = "{\"endpoint\":" + serve::json::quote(o.endpoint) +
@@ -615,6 +623,14 @@ int main(int argc, char** argv) {
     for (const auto& [c, n] : t.by_status) {
       j += (first ? "" : ",") + serve::json::quote(c == 0 ? "connection" : std::to_string(c)) +
            ":" + std::to_string(n);
+      first = false;
+    }
+    j += "},\"first_errors\":{";
+    first = true;
+    for (const auto& [c, fe] : t.first_error) {
+      j += (first ? "" : ",") + serve::json::quote(std::to_string(c)) + ":{\"at_s\":";
+      serve::json::append_number(j, fe.first);
+      j += ",\"body\":" + serve::json::quote(fe.second) + "}";
       first = false;
     }
     j += "},\"health_after\":" + serve::json::quote(health_after) + "}\n";
