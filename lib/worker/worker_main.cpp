@@ -70,6 +70,7 @@
 #include <boost/asio/local/stream_protocol.hpp>
 #include <boost/asio/read.hpp>
 #include <boost/asio/redirect_error.hpp>
+#include <boost/asio/steady_timer.hpp>
 #include <boost/asio/strand.hpp>
 #include <boost/asio/use_awaitable.hpp>
 #include <boost/asio/write.hpp>
@@ -88,9 +89,11 @@
 #include <cstdlib>
 #include <cstring>
 #include <deque>
+#include <future>
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <stdexcept>
 #include <string>
 #include <thread>
 #include <unordered_map>
@@ -253,6 +256,19 @@ public:
           e != cudaSuccess)
         return {static_cast<int>(errc::device_unavailable),
                 std::string("cudaHostRegister of the arena: ") + cudaGetErrorString(e)};
+    }
+    if (a_.test_faults) {
+      // The fault kernels are NVRTC-compiled on a thread of their own, now:
+      // a compile takes 0.1 s to seconds on a cold host, and made at the
+      // first fault request on an io thread it held heartbeats past their
+      // timeout (a fault then took a hang's restart). fault() waits for it.
+      const int ordinal = a_.ordinal;
+      kernels_ =
+          std::async(std::launch::async, [ordinal] {
+            if (auto e = cudaSetDevice(ordinal); e != cudaSuccess)
+              throw std::runtime_error(std::string("cudaSetDevice: ") + cudaGetErrorString(e));
+            return std::make_shared<const cu::test::test_kernels>();
+          }).share();
     }
     return {0, "device " + std::to_string(a_.ordinal) + " opened"};
   }
@@ -516,17 +532,19 @@ private:
     if (!a_.test_faults)
       co_return cu::make_error(errc::invalid_argument,
                                "worker: fault injection refused (no --test-faults)");
-    std::shared_ptr<cu::test::test_kernels> k;
-    {
-      std::lock_guard lk(mu_);
-      if (!kernels_) {
-        try {
-          kernels_ = std::make_shared<cu::test::test_kernels>();
-        } catch (const std::exception& e) {
-          co_return cu::make_error(errc::library, std::string("worker: test kernels: ") + e.what());
-        }
-      }
-      k = kernels_;
+    if (!kernels_.valid())
+      co_return cu::make_error(errc::device_unavailable, "worker: no fault kernels (no device)");
+    // Compiled since the device opened (open()); wait without blocking this thread.
+    for (asio::steady_timer t(io_);
+         kernels_.wait_for(std::chrono::seconds(0)) != std::future_status::ready;) {
+      t.expires_after(std::chrono::milliseconds(1));
+      co_await t.async_wait(asio::use_awaitable);
+    }
+    std::shared_ptr<const cu::test::test_kernels> k;
+    try {
+      k = kernels_.get();
+    } catch (const std::exception& e) {
+      co_return cu::make_error(errc::library, std::string("worker: test kernels: ") + e.what());
     }
     BOOST_OUTCOME_CO_TRY(auto s, transfer_stream());
     const auto f = static_cast<wire::fault_kind>(kind);
@@ -895,9 +913,10 @@ private:
   std::unordered_map<std::uint64_t, buffer_entry> buffers_;          // guarded by mu_
   std::unordered_map<std::uint64_t, cu::recorded_unit> recordings_;  // guarded by mu_
   std::optional<cu::detail::worker_side::actor_host> host_;          // set by open()
-  std::shared_ptr<cu::test::test_kernels> kernels_;                  // guarded by mu_
-  std::deque<std::vector<std::byte>> outq_;                          // on wstrand_
-  bool writing_ = false;                                             // on wstrand_
+  /// --test-faults: the fault kernels, compiled by open() on a thread of their own.
+  std::shared_future<std::shared_ptr<const cu::test::test_kernels>> kernels_;
+  std::deque<std::vector<std::byte>> outq_;  // on wstrand_
+  bool writing_ = false;                     // on wstrand_
   std::atomic<bool> dying_{false};
 };
 
