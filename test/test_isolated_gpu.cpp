@@ -887,6 +887,34 @@ TEST_CASE_FIXTURE(iso,
   }
 }
 
+TEST_CASE_FIXTURE(iso,
+                  "isolated: a fault request right after the worker starts is answered "
+                  "context_poisoned under a 250 ms heartbeat timeout: the fault kernels are "
+                  "compiled off the threads that answer") {
+  // Compiled (NVRTC) by the first fault request on the thread that ran it,
+  // the kernels held that thread for the compile's time; the worker now
+  // compiles them on a thread of its own when its device opens (session 40).
+  auto o = options();
+  o.isolation.heartbeat = 20ms;
+  o.isolation.heartbeat_timeout = 250ms;
+  open(o);
+  std::optional<result<void>> got;
+  const auto t0 = std::chrono::steady_clock::now();
+  run([&]() -> asio::awaitable<void> {
+    got = co_await detail::inject_isolated_fault(
+        dev.impl(), static_cast<std::uint16_t>(wire::fault_kind::illegal_address));
+  }());
+  MESSAGE(
+      "fault answered after "
+      << std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count()
+      << " ms");
+  REQUIRE(got);
+  REQUIRE_FALSE(*got);
+  CHECK_MESSAGE(got->error().code() == errc::context_poisoned, got->error().message());
+  REQUIRE(wait_restart(0));
+  drop();
+}
+
 TEST_CASE_FIXTURE(iso, "isolated: the restart budget spent leads to stopped; no worker is left") {
   auto o = options();
   o.isolation.budget.max_restarts = 1;

@@ -267,7 +267,13 @@ public:
           std::async(std::launch::async, [ordinal] {
             if (auto e = cudaSetDevice(ordinal); e != cudaSuccess)
               throw std::runtime_error(std::string("cudaSetDevice: ") + cudaGetErrorString(e));
-            return std::make_shared<const cu::test::test_kernels>();
+            const auto t0 = std::chrono::steady_clock::now();
+            auto k = std::make_shared<const cu::test::test_kernels>();
+            std::fprintf(
+                stderr, "atomr-cuda-worker: fault kernels compiled in %.0f ms\n",
+                std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0)
+                    .count());
+            return k;
           }).share();
     }
     return {0, "device " + std::to_string(a_.ordinal) + " opened"};
