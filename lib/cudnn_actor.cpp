@@ -231,7 +231,11 @@ result<tensor_shape> check_pooling(std::string_view op, const tensor_shape& x,
   if (ow <= 0)
     return bad_argument(op, "params.window_w",
                         num(p.window_w) + " is larger than the padded input width");
-  return tensor_shape{x.n, x.c, oh, ow, x.layout};
+  // With padding up to window - 1 the output can be larger than the input: past INT_MAX per
+  // extent, past an int64 in all (cuDNN takes int extents; elements() must not overflow).
+  const tensor_shape y{x.n, x.c, oh, ow, x.layout};
+  BOOST_OUTCOME_TRY(check_tensor_shape(op, "y_shape", y));
+  return y;
 }
 
 result<void> check_activation(std::string_view op, const activation_params& p) {

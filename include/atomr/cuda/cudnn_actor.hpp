@@ -201,7 +201,8 @@ result<void> check_no_overlap(std::string_view op, std::string_view arg, bool sa
 /// the output size > 0; yields every count.
 result<conv2d_layout> check_conv2d(std::string_view op, const tensor_shape& x,
                                    const conv2d_params& p);
-/// Window, padding (< window), stride, the output size > 0; yields y's shape.
+/// Window, padding (< window), stride, the output size > 0, y's extents ints and its
+/// element count an int64 ("y_shape..."); yields y's shape.
 result<tensor_shape> check_pooling(std::string_view op, const tensor_shape& x,
                                    const pooling_params& p);
 /// A known mode; coef finite, and > 0 for elu and clipped_relu.
