@@ -1,7 +1,8 @@
 // A small JSON reader and writer for atomr-serve and atomr-load: enough for
 // their request and response bodies (objects, arrays, numbers, strings,
 // booleans, null). Not part of the library. Numbers are doubles; strings
-// keep \uXXXX escapes of the Basic Multilingual Plane as UTF-8.
+// keep \uXXXX escapes as UTF-8 (a surrogate pair as the character it
+// stands for; a lone surrogate is an error).
 #pragma once
 
 #include <charconv>
@@ -167,18 +168,30 @@ private:
           break;
         case 'u': {
           unsigned cp = 0;
-          if (pos_ + 4 > s_.size() ||
-              std::from_chars(s_.data() + pos_, s_.data() + pos_ + 4, cp, 16).ptr !=
-                  s_.data() + pos_ + 4)
-            return fail("bad \\u escape");
-          pos_ += 4;
+          if (!hex4(cp)) return fail("bad \\u escape");
+          // UTF-16 surrogates: a high one and its low one are one character;
+          // either alone has no UTF-8 form.
+          if (cp >= 0xd800 && cp < 0xdc00) {
+            unsigned low = 0;
+            if (s_.substr(pos_, 2) != "\\u" || (pos_ += 2, !hex4(low)) || low < 0xdc00 ||
+                low >= 0xe000)
+              return fail("lone surrogate in a \\u escape");
+            cp = 0x10000 + ((cp - 0xd800) << 10) + (low - 0xdc00);
+          } else if (cp >= 0xdc00 && cp < 0xe000) {
+            return fail("lone surrogate in a \\u escape");
+          }
           if (cp < 0x80) {
             out += static_cast<char>(cp);
           } else if (cp < 0x800) {
             out += static_cast<char>(0xc0 | (cp >> 6));
             out += static_cast<char>(0x80 | (cp & 0x3f));
-          } else {
+          } else if (cp < 0x10000) {
             out += static_cast<char>(0xe0 | (cp >> 12));
+            out += static_cast<char>(0x80 | ((cp >> 6) & 0x3f));
+            out += static_cast<char>(0x80 | (cp & 0x3f));
+          } else {
+            out += static_cast<char>(0xf0 | (cp >> 18));
+            out += static_cast<char>(0x80 | ((cp >> 12) & 0x3f));
             out += static_cast<char>(0x80 | ((cp >> 6) & 0x3f));
             out += static_cast<char>(0x80 | (cp & 0x3f));
           }
@@ -189,6 +202,14 @@ private:
       }
     }
     return fail("unterminated string");
+  }
+  /// Four hex digits at pos_ (and past them): false if not.
+  bool hex4(unsigned& cp) {
+    if (pos_ + 4 > s_.size() ||
+        std::from_chars(s_.data() + pos_, s_.data() + pos_ + 4, cp, 16).ptr != s_.data() + pos_ + 4)
+      return false;
+    pos_ += 4;
+    return true;
   }
   bool parse_array(value& out, std::size_t depth) {
     ++pos_;
@@ -254,10 +275,51 @@ private:
   std::string err_;
 };
 
-/// `s` as a JSON string literal.
+/// The length of the UTF-8 sequence at s[i] (a byte >= 0x80): 2 to 4, or 0
+/// if it is not one (RFC 3629: no overlong forms, surrogates or code points
+/// past U+10FFFF).
+inline std::size_t utf8_sequence(std::string_view s, std::size_t i) {
+  const auto at = [&](std::size_t k) {
+    return i + k < s.size() ? static_cast<unsigned char>(s[i + k]) : 0u;
+  };
+  const unsigned b = at(0), b1 = at(1);
+  std::size_t n = 0;
+  unsigned lo = 0x80, hi = 0xbf;  // the range of the second byte
+  if (b >= 0xc2 && b <= 0xdf) {
+    n = 2;
+  } else if (b >= 0xe0 && b <= 0xef) {
+    n = 3;
+    if (b == 0xe0) lo = 0xa0;
+    if (b == 0xed) hi = 0x9f;
+  } else if (b >= 0xf0 && b <= 0xf4) {
+    n = 4;
+    if (b == 0xf0) lo = 0x90;
+    if (b == 0xf4) hi = 0x8f;
+  } else {
+    return 0;
+  }
+  if (b1 < lo || b1 > hi) return 0;
+  for (std::size_t k = 2; k < n; ++k)
+    if (at(k) < 0x80 || at(k) > 0xbf) return 0;
+  return n;
+}
+
+/// `s` as a JSON string literal. A byte that is not part of valid UTF-8
+/// (a request's target may hold any) becomes U+FFFD, so that the literal
+/// is valid UTF-8, as JSON text must be.
 inline std::string quote(std::string_view s) {
   std::string out = "\"";
-  for (const char c : s) {
+  for (std::size_t i = 0; i < s.size(); ++i) {
+    const char c = s[i];
+    if (static_cast<unsigned char>(c) >= 0x80) {
+      if (const std::size_t n = utf8_sequence(s, i)) {
+        out.append(s.substr(i, n));
+        i += n - 1;
+      } else {
+        out += "\\ufffd";
+      }
+      continue;
+    }
     switch (c) {
       case '"':
         out += "\\\"";

@@ -85,6 +85,8 @@ void print_usage(std::FILE* to) {
       "                     model) or mix (in turn) (default gemm)\n"
       "  --size N           gemm n 1..1024, fft n 1..1048576 (default 64)\n"
       "  --raw              binary bodies (application/octet-stream) instead of JSON\n"
+      "                     (JSON bodies over the service's --json-limit, 1 MiB by\n"
+      "                     default, about gemm n 200 or fft n 45000, get 413)\n"
       "  --check            check every answer's numbers against a double-precision\n"
       "                     CPU reference (wrong answers are counted)\n"
       "  --fault-every N    every N requests, one POST /v1/fault (the service must run\n"

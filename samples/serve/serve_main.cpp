@@ -20,8 +20,9 @@ void print_usage(std::FILE* to) {
   std::fprintf(
       to,
       "Usage: %s [--address A] [--port P] [--threads N] [--device D] [--isolated]\n"
-      "          [--test-faults] [--body-limit BYTES] [--read-timeout-ms MS]\n"
-      "          [--gpu-timeout-ms MS] [--strategy S] [--spin-us US]\n"
+      "          [--test-faults] [--body-limit BYTES] [--json-limit BYTES]\n"
+      "          [--read-timeout-ms MS] [--gpu-timeout-ms MS] [--strategy S]\n"
+      "          [--spin-us US]\n"
       "\n"
       "An HTTP/1.1 service (Boost.Beast) on one io_context run by N threads; every\n"
       "request's GPU work goes through atomr::cuda:\n"
@@ -47,6 +48,8 @@ void print_usage(std::FILE* to) {
       "  --isolated           run the GPU work in a supervised worker process\n"
       "  --test-faults        enable /v1/fault (tests and demos only)\n"
       "  --body-limit BYTES   largest request body (default 67108864): else 413\n"
+      "  --json-limit BYTES   largest JSON body of a /v1/ request (default 1048576):\n"
+      "                       else 413; raw bodies have only --body-limit\n"
       "  --read-timeout-ms MS a request must arrive within this (default 10000): else 408\n"
       "  --gpu-timeout-ms MS  longest GPU wait of one request (default 10000): else 504\n"
       "  --strategy S         how GPU completion is detected: event_poll (default),\n"
@@ -66,6 +69,7 @@ int main(int argc, char** argv) {
   serve::options o;
   int threads = 4;
   long long body_limit = static_cast<long long>(o.body_limit);
+  long long json_limit = static_cast<long long>(o.json_limit);
   long long read_ms = o.read_timeout.count(), gpu_ms = o.gpu_timeout.count();
   long long spin_us = o.spin.count();
   int port = o.port;
@@ -77,6 +81,7 @@ int main(int argc, char** argv) {
                       .flag("--isolated", o.isolated)
                       .flag("--test-faults", o.test_faults)
                       .integer("--body-limit", body_limit, 1ll, 1ll << 34)
+                      .integer("--json-limit", json_limit, 1ll, 1ll << 34)
                       .integer("--read-timeout-ms", read_ms, 1ll, 3600000ll)
                       .integer("--gpu-timeout-ms", gpu_ms, 1ll, 3600000ll)
                       .choice("--strategy", o.strategy,
@@ -88,6 +93,7 @@ int main(int argc, char** argv) {
     return *done;
   o.port = static_cast<unsigned short>(port);
   o.body_limit = static_cast<std::size_t>(body_limit);
+  o.json_limit = static_cast<std::size_t>(json_limit);
   o.read_timeout = std::chrono::milliseconds(read_ms);
   o.gpu_timeout = std::chrono::milliseconds(gpu_ms);
   o.spin = std::chrono::microseconds(spin_us);

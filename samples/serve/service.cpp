@@ -452,6 +452,10 @@ struct service::impl : std::enable_shared_from_this<impl> {
       res.version(req.version());
       res.keep_alive(req.keep_alive() && !self->stopping.load());
       res.prepare_payload();
+      // An answer to HEAD is its head only (RFC 9110 9.3.2), with the
+      // Content-Length of the body it would have: a client reads no body
+      // after it, and bytes sent anyway would begin its next answer.
+      if (req.method() == http::verb::head) res.body().clear();
       if (!co_await write(self, s, res, ep, std::chrono::steady_clock::now() - t0)) break;
       if (!res.keep_alive()) break;
     }
@@ -526,6 +530,11 @@ struct service::impl : std::enable_shared_from_this<impl> {
     if (path == "/v1/gemm" || path == "/v1/fft" || path == "/v1/infer") {
       ep = path == "/v1/gemm" ? ep_gemm : path == "/v1/fft" ? ep_fft : ep_infer;
       if (!post) co_return bad(http::status::method_not_allowed, "use POST");
+      if (!is_raw(req) && req.body().size() > o.json_limit)
+        co_return bad(http::status::payload_too_large,
+                      "a JSON body is larger than the limit of " + std::to_string(o.json_limit) +
+                          " bytes (--json-limit); send large arrays as "
+                          "application/octet-stream with X-Shape");
       if (ep == ep_gemm) co_return co_await gemm(req, sc);
       if (ep == ep_fft) co_return co_await fft_forward(req, sc);
       co_return co_await infer(req, sc);
