@@ -66,7 +66,8 @@ struct conv2d_params {
 /// (min(max(x, 0), coef)).
 enum class activation_mode : std::uint8_t { relu, sigmoid, tanh, elu, clipped_relu };
 
-/// `coef`: alpha of elu (> 0), ceiling of clipped_relu (> 0); ignored otherwise.
+/// `coef`: alpha of elu (> 0), ceiling of clipped_relu (> 0); unused otherwise, but it
+/// must be finite in every mode (a NaN or an infinity is invalid_argument).
 struct activation_params {
   activation_mode mode = activation_mode::relu;  ///< the function
   double coef = 0.0;                             ///< see above
