@@ -7,6 +7,7 @@
 #include "../samples/serve/json.hpp"
 #include "../samples/serve/model.hpp"
 #include "../samples/serve/service.hpp"
+#include "utf8_check.hpp"
 
 #include <boost/asio/as_tuple.hpp>
 #include <boost/asio/co_spawn.hpp>
@@ -42,6 +43,8 @@
 #include <vector>
 
 namespace {
+
+using serve_test::valid_utf8;
 
 namespace asio = boost::asio;
 namespace beast = boost::beast;
@@ -599,26 +602,6 @@ std::string printable(std::string_view s) {
     }
   }
   return out;
-}
-
-/// Strict UTF-8 (RFC 3629): what a JSON body must be.
-bool valid_utf8(std::string_view s) {
-  std::size_t i = 0;
-  while (i < s.size()) {
-    const auto b = static_cast<unsigned char>(s[i]);
-    std::size_t n = b < 0x80 ? 1 : (b & 0xe0) == 0xc0 ? 2 : (b & 0xf0) == 0xe0 ? 3 : 4;
-    if ((b & 0xf8) == 0xf8 || (b & 0xc0) == 0x80 || i + n > s.size()) return false;
-    std::uint32_t cp = n == 1 ? b : b & (0x7f >> n);
-    for (std::size_t k = 1; k < n; ++k) {
-      const auto c = static_cast<unsigned char>(s[i + k]);
-      if ((c & 0xc0) != 0x80) return false;
-      cp = (cp << 6) | (c & 0x3f);
-    }
-    static constexpr std::uint32_t least[] = {0, 0, 0x80, 0x800, 0x10000};
-    if (cp < least[n] || cp > 0x10ffff || (cp >= 0xd800 && cp < 0xe000)) return false;
-    i += n;
-  }
-  return true;
 }
 
 /// One request of the service-level fuzz: what goes out, and the statuses
