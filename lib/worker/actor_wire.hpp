@@ -13,6 +13,7 @@
 #include <atomr/cuda/fft_actor.hpp>
 #include <atomr/cuda/rng_actor.hpp>
 
+#include <cstddef>
 #include <cstdint>
 #include <cstring>
 #include <initializer_list>
@@ -144,11 +145,15 @@ struct actor_request {
   std::vector<char> params;
   std::vector<ref_arg> refs;
 
-  /// The parameter block as P; false when its size is not P's.
+  /// The parameter block as P; false when its size is not P's, or when a
+  /// bool of P (fft_shape::normalize, the only one) holds a byte other than
+  /// 0 or 1: that is no bool, and reading it would be undefined.
   template <class P>
   bool params_as(P& out) const {
     static_assert(std::is_trivially_copyable_v<P>);
     if (params.size() != sizeof(P)) return false;
+    if constexpr (std::is_same_v<P, fft_shape>)
+      if (static_cast<unsigned char>(params[offsetof(fft_shape, normalize)]) > 1) return false;
     std::memcpy(&out, params.data(), sizeof(P));
     return true;
   }
