@@ -7,15 +7,19 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <memory>
 #include <new>
 #include <optional>
 #include <random>
 #include <string>
 #include <string_view>
+#include <thread>
 #include <type_traits>
 #include <vector>
 
@@ -778,4 +782,34 @@ TEST_CASE("wire fuzz: a ring slot's size, however corrupted, never reads past th
   INFO(t.first);
   CHECK(t.failures == 0);
   CHECK(t.accepted == 20000);
+}
+
+TEST_CASE(
+    "wire fuzz: a ring slot whose sequence number was written ahead ends a push or a "
+    "pop at once, where both spun for ever") {
+  // `f` on a thread of its own, so that a spin fails the test instead of
+  // hanging it: nullopt if it has not returned within 2 s (the thread is then
+  // left spinning to the process's exit, holding what it uses).
+  auto within = [](auto f) -> std::optional<bool> {
+    auto result = std::make_shared<std::atomic<int>>(-1);
+    std::thread([f, result] { result->store(f() ? 1 : 0); }).detach();
+    for (int i = 0; i < 200 && result->load() < 0; ++i)
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    const int r = result->load();
+    return r < 0 ? std::nullopt : std::optional<bool>(r == 1);
+  };
+  for (const std::uint64_t ahead : {2ull, 9ull, 1ull << 40}) {
+    CAPTURE(ahead);
+    auto s = std::make_shared<small_ring>(8);
+    REQUIRE(s->r.push(1, 1, 1, "x"));
+    // The consumer's slot 0, published at seq 1, overwritten past it.
+    s->slot[0].seq.store(ahead);
+    CHECK(within([s] {
+            wire::ring_message m;
+            return s->r.pop(m);
+          }) == std::optional<bool>(false));
+    // The producer's slot 1, free at seq 1, overwritten past it.
+    s->slot[1].seq.store(1 + ahead);
+    CHECK(within([s] { return s->r.push(2, 1, 1, "y"); }) == std::optional<bool>(false));
+  }
 }

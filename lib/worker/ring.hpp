@@ -93,8 +93,10 @@ public:
         if (h_->enq.compare_exchange_weak(pos, pos + 1, std::memory_order_relaxed)) break;
       } else if (dif < 0) {
         return false;  // full
+      } else if (const auto now = h_->enq.load(std::memory_order_relaxed); now != pos) {
+        pos = now;  // another producer took pos
       } else {
-        pos = h_->enq.load(std::memory_order_relaxed);
+        return false;  // corrupted (see pop): refused as full, not spun on
       }
     }
     s->id = id;
@@ -119,8 +121,15 @@ public:
         if (h_->deq.compare_exchange_weak(pos, pos + 1, std::memory_order_relaxed)) break;
       } else if (dif < 0) {
         return false;  // empty
+      } else if (const auto now = h_->deq.load(std::memory_order_relaxed); now != pos) {
+        pos = now;  // another consumer took pos
       } else {
-        pos = h_->deq.load(std::memory_order_relaxed);
+        // A slot ahead of a position nobody has taken: only a consumer that
+        // claimed pos moves its slot past pos + 1, and that claim is ordered
+        // before the slot's store we read, so the reload above would see it.
+        // The other process wrote over the ring: nothing to take, and no
+        // endless spin on a thread that must go on (the reader, an io thread).
+        return false;
       }
     }
     out.id = s->id;
