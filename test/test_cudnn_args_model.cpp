@@ -435,8 +435,8 @@ conv_case random_conv(rnd& r) {
   conv2d_params& p = cs.p;
   p.groups = r.one_in(3) ? r.log_uniform(3) : 1;
   x.n = r.log_uniform(4);
-  x.c = p.groups * r.log_uniform(5);
-  p.out_channels = p.groups * r.log_uniform(5);
+  x.c = clamp64(i128{p.groups} * r.log_uniform(5));
+  p.out_channels = clamp64(i128{p.groups} * r.log_uniform(5));
   x.h = r.log_uniform(r.one_in(8) ? 31 : static_cast<int>(r.in(0, 10)));
   x.w = r.log_uniform(r.one_in(8) ? 31 : static_cast<int>(r.in(0, 10)));
   x.layout = r.layout();
@@ -509,8 +509,8 @@ conv_case random_conv(rnd& r) {
     }
     case 5: {  // the filter's element count at INT64_MAX or one past; the input big enough
       p.groups = r.one_in(4) ? r.log_uniform(3) : 1;
-      x.c = p.groups * r.log_uniform(r.one_in(2) ? 28 : 8);
-      p.out_channels = p.groups * r.log_uniform(r.one_in(2) ? 28 : 8);
+      x.c = clamp64(i128{p.groups} * r.log_uniform(r.one_in(2) ? 28 : 8));
+      p.out_channels = clamp64(i128{p.groups} * r.log_uniform(r.one_in(2) ? 28 : 8));
       i64& other = rows ? p.filter_w : p.filter_h;
       other = r.log_uniform(r.one_in(2) ? 31 : 4);
       filter = fill_to_int64_max(i128{p.out_channels} * (x.c / p.groups) * other,
@@ -572,18 +572,18 @@ conv_case random_conv(rnd& r) {
           p.groups = x.c + r.pick<i64>({-1, 1});
           break;
         case 2:
-          p.out_channels = p.groups * r.log_uniform(5) + r.pick<i64>({-1, 1});
+          p.out_channels = clamp64(i128{p.groups} * r.log_uniform(5) + r.pick<i64>({-1, 1}));
           break;
         case 3:
           p.groups = r.pick<i64>({0, -1, -2, k_int_max, k_int_max + 1});
           break;
         case 4:  // depthwise
           p.groups = x.c;
-          p.out_channels = x.c * r.log_uniform(3);
+          p.out_channels = clamp64(i128{x.c} * r.log_uniform(3));
           break;
         default:
           p.groups = r.log_uniform(31);
-          x.c = p.groups * r.in(1, 2);
+          x.c = clamp64(i128{p.groups} * r.in(1, 2));
           p.out_channels = p.groups;
           break;
       }
@@ -598,7 +598,7 @@ conv_case random_conv(rnd& r) {
     }
     default: {  // big but valid-looking extents everywhere
       x.n = r.extent(31);
-      x.c = p.groups * r.extent(16);
+      x.c = clamp64(i128{p.groups} * r.extent(16));
       x.h = r.extent(31);
       x.w = r.extent(31);
       break;
