@@ -25,6 +25,7 @@
 #include <sys/time.h>
 
 #include <atomic>
+#include <cctype>
 #include <chrono>
 #include <filesystem>
 #include <cstdint>
@@ -191,6 +192,8 @@ TEST_CASE_FIXTURE(serve_fixture,
       {http::verb::post, "/v1/fft", R"({"n":4,"re":[1,2,3,4],"im":[0,0]})", json, "", 400,
        "\"im\" has 2 numbers"},
       {http::verb::post, "/v1/fft", "abc", raw, "1", 400, "needs n * 8"},
+      // Media types are case-insensitive: raw, not "malformed JSON".
+      {http::verb::post, "/v1/fft", "abc", "Application/Octet-Stream", "1", 400, "needs n * 8"},
       {http::verb::post, "/v1/infer", R"({"x":[1,2,3]})", json, "", 400,
        "\"x\" has 3 numbers, the shape needs 784"},
       {http::verb::post, "/v1/infer", "abcd", raw, "", 400, "the model takes 784 f32"},
@@ -607,6 +610,16 @@ std::string printable(std::string_view s) {
 /// One request of the service-level fuzz: what goes out, and the statuses
 /// its answer may have (this service, without a GPU: a request it would
 /// run gets 503 device_unavailable).
+/// Whether the service reads a body of this Content-Type raw: written here
+/// as the service's documentation says (any case, parameters allowed).
+bool raw_media_type(std::string_view type) {
+  constexpr std::string_view raw = "application/octet-stream";
+  if (type.size() < raw.size()) return false;
+  for (std::size_t i = 0; i < raw.size(); ++i)
+    if (std::tolower(static_cast<unsigned char>(type[i])) != raw[i]) return false;
+  return true;
+}
+
 struct fuzz_request {
   std::string method = "POST", target, body;
   std::optional<std::string> type, shape;  // Content-Type, X-Shape (absent if empty)
@@ -906,7 +919,7 @@ struct request_maker {
       r.body = valid_json(ep);
       for (std::size_t n = 1 + below(3); n > 0; --n) mutate(r.body);
       r.type = coin(4) ? types[below(types.size())] : "application/json";
-      if (r.type->starts_with("application/octet-stream")) r.type = "application/json";
+      if (raw_media_type(*r.type)) r.type = "application/json";
       r.allowed = {400, 503};
     } else {
       // Raw: an X-Shape and a body of the right size, or a wrong one.
@@ -950,7 +963,7 @@ struct request_maker {
     }
     // A JSON body of a /v1/ POST over the fixture's json_limit (3000): 413
     // before it is parsed, with the body read (the connection stays).
-    const bool raw_type = r.type && r.type->starts_with("application/octet-stream");
+    const bool raw_type = r.type && raw_media_type(*r.type);
     if (gpu && post && !raw_type && r.body.size() > 3000) {
       r.what += ", over the JSON limit";
       r.allowed = {413};

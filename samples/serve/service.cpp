@@ -162,8 +162,15 @@ bool parse_shape(std::string_view s, std::span<std::int64_t> out, std::string& e
   return true;
 }
 
+/// application/octet-stream, in any case (media types are case-insensitive,
+/// RFC 9110 8.3.1), with or without parameters.
 bool is_raw(const request& req) {
-  return req[http::field::content_type].starts_with("application/octet-stream");
+  constexpr std::string_view raw = "application/octet-stream";
+  const std::string_view type = req[http::field::content_type];
+  return type.size() >= raw.size() &&
+         std::equal(raw.begin(), raw.end(), type.begin(), [](char a, char b) {
+           return a == (b >= 'A' && b <= 'Z' ? static_cast<char>(b - 'A' + 'a') : b);
+         });
 }
 
 }  // namespace
