@@ -635,8 +635,10 @@ void device_impl::submit_blocking(blocking_item item) {
   {
     std::lock_guard lk(bq_->mu);
     bq_->items.push_back(std::move(item));
-    if (!bthread_.joinable())
+    if (!bthread_.joinable()) {
+      bq_->running.store(true);
       bthread_ = std::thread([q = bq_, ord = ordinal] { blocking_loop(q, ord); });
+    }
   }
   bq_->cv.notify_one();
 }
@@ -651,7 +653,10 @@ void device_impl::blocking_loop(const std::shared_ptr<blocking_queue>& q, int or
     {
       std::unique_lock lk(q->mu);
       q->cv.wait(lk, [&] { return q->stop || !q->items.empty(); });
-      if (q->items.empty()) return;
+      if (q->items.empty()) {
+        q->running.store(false);
+        return;
+      }
       item = std::move(q->items.front());
       q->items.pop_front();
     }
@@ -872,7 +877,7 @@ bool device::isolated() const noexcept {
   return impl_ && impl_->options.isolation.enabled;
 }
 std::uint64_t device::generation() const noexcept {
-  return impl_->generation.load();
+  return impl_ ? impl_->generation.load() : 0;
 }
 result<void> device::status() const {
   if (!impl_) return empty_device("device");
@@ -904,6 +909,7 @@ device_statistics device::statistics() const {
   s.batches = d.batches.load();
   s.launch_sleeps = d.polls ? d.polls->launch_sleeps() : 0;
   s.library_threads = d.polls ? d.polls->launch_threads_running() : 0;
+  s.blocking_threads = d.blocking_threads_running();
   s.pinned_cached_bytes = d.pinned ? d.pinned->cached_bytes() : 0;
   s.host_fns_pending = d.host_fns_pending();
   if (d.options.isolation.enabled) {

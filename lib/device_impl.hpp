@@ -81,6 +81,9 @@ struct blocking_queue {
   std::condition_variable cv;
   std::deque<blocking_item> items;
   bool stop = false;
+  /// The thread runs: set when it is started, cleared as it returns
+  /// (device_statistics::blocking_threads).
+  std::atomic<bool> running{false};
 };
 
 class pinned_pool;
@@ -300,6 +303,10 @@ private:
 
   std::shared_ptr<blocking_queue> bq_ = std::make_shared<blocking_queue>();
   std::thread bthread_;  // started by the first submit_blocking
+
+public:
+  /// 1 while the blocking_sync thread runs, else 0.
+  std::size_t blocking_threads_running() const noexcept { return bq_->running.load() ? 1 : 0; }
 };
 
 /// Records a pooled event on `s`; `blocking`: a blocking-sync event, for a

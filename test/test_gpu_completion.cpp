@@ -96,6 +96,8 @@ TEST_CASE_FIXTURE(gpu_fixture, "each strategy completes a copy round trip and an
     CHECK(echo == av);
     CHECK(gemm_rel_error(av, bv, cv, n) < 1e-5);
   }
+  // blocking_sync's waits started the device's thread for them: counted.
+  CHECK(dev.statistics().blocking_threads == 1);
 }
 
 TEST_CASE_FIXTURE(gpu_fixture,

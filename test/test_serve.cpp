@@ -158,6 +158,7 @@ TEST_CASE_FIXTURE(serve_fixture,
   CHECK(m.body().find("atomr_device_health{state=\"unavailable\"} 1") != std::string::npos);
   // Threads: none of the device's own without a GPU, and no worker process.
   CHECK(m.body().find("\natomr_device_library_threads 0\n") != std::string::npos);
+  CHECK(m.body().find("\natomr_device_blocking_threads 0\n") != std::string::npos);
   CHECK(m.body().find("\natomr_device_worker_threads 0\n") != std::string::npos);
   CHECK(m.body().find("atomr_serve_request_seconds_bucket{endpoint=\"gemm\",le=\"+Inf\"} 1") !=
         std::string::npos);

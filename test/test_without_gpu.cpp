@@ -104,6 +104,7 @@ TEST_CASE_FIXTURE(io_fixture, "an unavailable device reports its state and refus
   CHECK(s.ops_in_flight == 0);
   CHECK(s.total_bytes == 0);
   CHECK(s.library_threads == 0);  // no launch thread for a device without a GPU
+  CHECK(s.blocking_threads == 0);
 
   // The same device handle is returned for the same ordinal while one lives.
   device again(ioc.get_executor(), unusable_ordinal());
@@ -173,4 +174,30 @@ TEST_CASE_FIXTURE(io_fixture, "health observers of an unavailable device complet
   ioc.run();
   REQUIRE(seen);
   CHECK(*seen == health_state::unavailable);
+}
+
+TEST_CASE("a default-constructed device: every member may be called and answers as 'no device'") {
+  const device d;
+  CHECK_FALSE(d);
+  CHECK(d.ordinal() == -1);
+  CHECK(d.health() == health_state::unavailable);
+  CHECK_FALSE(d.accepting());
+  CHECK_FALSE(d.isolated());
+  CHECK(d.generation() == 0);  // read through a null state before session 41
+  CHECK(d.options().launch_threads == device_options{}.launch_threads);
+  CHECK_FALSE(d.fault());
+  REQUIRE_FALSE(d.status());
+  CHECK(d.status().error().code() == errc::invalid_argument);
+  const auto s = d.statistics();
+  CHECK(s.generation == 0);
+  CHECK(s.library_threads == 0);
+  CHECK(s.blocking_threads == 0);
+  CHECK(s.live_buffers == 0);
+  CHECK_FALSE(d.main_stream());
+  device e;
+  CHECK(e.acquire_stream().error().code() == errc::invalid_argument);
+  CHECK(e.allocate<float>(4).error().code() == errc::invalid_argument);
+  CHECK(e.allocate_pinned<float>(4).error().code() == errc::invalid_argument);
+  e.stop();  // nothing to stop
+  CHECK(e == device{});
 }

@@ -929,6 +929,9 @@ struct service::impl : std::enable_shared_from_this<impl> {
     gauge("atomr_device_library_threads",
           "Threads of the device's own: launch threads, or the isolated reply reader.",
           static_cast<double>(s.library_threads));
+    gauge("atomr_device_blocking_threads",
+          "The device's blocking_sync thread (1 from its first blocking_sync wait).",
+          static_cast<double>(s.blocking_threads));
     gauge("atomr_device_worker_threads",
           "Isolated: threads of the worker process (its io and ring threads, the device's "
           "launch threads, the CUDA driver's).",

@@ -168,6 +168,10 @@ struct device_statistics {
   /// reply reader (one, from open to the device's end). docs/design.md
   /// describes each.
   std::size_t library_threads = 0;
+  /// The device's blocking_sync thread: 1 from the first blocking_sync wait
+  /// to the device's end (or its io_context's), else 0 (docs/design.md,
+  /// "Device"). Not in library_threads.
+  std::size_t blocking_threads = 0;
   std::size_t pinned_cached_bytes = 0;  ///< pinned host memory held for reuse
   /// host_fn waits' host functions queued on the GPU and not yet run (each
   /// holds outstanding work of the device's executor until it has run).
