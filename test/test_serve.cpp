@@ -45,6 +45,7 @@
 
 namespace {
 
+using serve_test::printable;
 using serve_test::valid_utf8;
 
 namespace asio = boost::asio;
@@ -591,22 +592,6 @@ TEST_CASE("atomr-serve's model: fixed weights from the seed; the reference is a 
 }
 
 namespace {
-
-/// `s` with bytes outside printable ASCII as \xNN (for failure messages).
-std::string printable(std::string_view s) {
-  std::string out;
-  for (const char c : s) {
-    const auto u = static_cast<unsigned char>(c);
-    if (u >= 0x20 && u < 0x7f) {
-      out += c;
-    } else {
-      char buf[8];
-      std::snprintf(buf, sizeof buf, "\\x%02x", u);
-      out += buf;
-    }
-  }
-  return out;
-}
 
 /// One request of the service-level fuzz: what goes out, and the statuses
 /// its answer may have (this service, without a GPU: a request it would

@@ -46,17 +46,7 @@ bool coin(rng& g, unsigned in = 2) {
 
 /// `s` printable in a failure message: bytes outside ASCII as \xNN, cut to 300.
 std::string shown(std::string_view s) {
-  std::string out;
-  for (const char c : s.substr(0, 300)) {
-    const auto u = static_cast<unsigned char>(c);
-    if (u >= 0x20 && u < 0x7f) {
-      out += c;
-    } else {
-      char buf[8];
-      std::snprintf(buf, sizeof buf, "\\x%02x", u);
-      out += buf;
-    }
-  }
+  std::string out = serve_test::printable(s.substr(0, 300));
   if (s.size() > 300) out += "...(" + std::to_string(s.size()) + " bytes)";
   return out;
 }

@@ -1,9 +1,12 @@
-// Strict UTF-8 (RFC 3629) for atomr-serve's tests, written independently of
-// samples/serve/json.hpp (whose output it judges).
+// Text helpers for atomr-serve's tests: strict UTF-8 (RFC 3629), written
+// independently of samples/serve/json.hpp (whose output it judges), and
+// bytes made printable for failure messages.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
+#include <cstdio>
+#include <string>
 #include <string_view>
 
 namespace serve_test {
@@ -43,6 +46,22 @@ inline bool valid_utf8(std::string_view s) {
     i += n;
   }
   return true;
+}
+
+/// `s` with bytes outside printable ASCII as \xNN (for failure messages).
+inline std::string printable(std::string_view s) {
+  std::string out;
+  for (const char c : s) {
+    const auto u = static_cast<unsigned char>(c);
+    if (u >= 0x20 && u < 0x7f) {
+      out += c;
+    } else {
+      char buf[8];
+      std::snprintf(buf, sizeof buf, "\\x%02x", u);
+      out += buf;
+    }
+  }
+  return out;
 }
 
 }  // namespace serve_test
