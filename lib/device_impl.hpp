@@ -250,6 +250,8 @@ public:
   /// Drops the outstanding work of every pending host function (poison, shutdown).
   void release_host_fn_work();
   std::size_t host_fns_pending() const;
+  /// 1 while the blocking_sync thread runs, else 0.
+  std::size_t blocking_threads_running() const noexcept { return bq_->running.load() ? 1 : 0; }
   const std::shared_ptr<host_fn_gate> host_fns = std::make_shared<host_fn_gate>();
 
   // --- blocking_sync worker ---
@@ -303,10 +305,6 @@ private:
 
   std::shared_ptr<blocking_queue> bq_ = std::make_shared<blocking_queue>();
   std::thread bthread_;  // started by the first submit_blocking
-
-public:
-  /// 1 while the blocking_sync thread runs, else 0.
-  std::size_t blocking_threads_running() const noexcept { return bq_->running.load() ? 1 : 0; }
 };
 
 /// Records a pooled event on `s`; `blocking`: a blocking-sync event, for a

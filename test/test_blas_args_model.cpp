@@ -2,6 +2,8 @@
 // independent 128-bit model of cuBLAS's indexing: what is accepted stays in bounds and fits.
 #include <atomr/cuda/blas_actor.hpp>
 
+#include "int128.hpp"
+
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -24,10 +26,10 @@ namespace {
 
 // ------------------------------------------------------------------ arithmetic
 
-// Everything the model computes is in 128 bits: products of two int64 values or of a count and
-// a stride cannot overflow there, so the model never needs the checks it is judging.
-__extension__ typedef __int128 i128;
-__extension__ typedef unsigned __int128 u128;
+// Everything the model computes is in 128 bits (int128.hpp).
+using atomr::cuda::test::clamp64;
+using atomr::cuda::test::i128;
+using atomr::cuda::test::u128;
 
 constexpr int cases = 200'000;  // per function
 constexpr i128 int_max = INT_MAX;
@@ -43,18 +45,8 @@ i128 magnitude(i128 v) {
   return v < 0 ? -v : v;
 }
 
-std::int64_t clamp64(i128 v) {
-  return static_cast<std::int64_t>(std::clamp<i128>(v, i64_min, i64_max));
-}
-
 std::string str(i128 v) {
-  u128 u = v < 0 ? u128{0} - static_cast<u128>(v) : static_cast<u128>(v);
-  std::string s;
-  do {
-    s.insert(s.begin(), static_cast<char>('0' + static_cast<int>(u % 10)));
-    u /= 10;
-  } while (u != 0);
-  return v < 0 ? "-" + s : s;
+  return atomr::cuda::test::dec(v);
 }
 
 std::string hex(std::uint64_t v) {

@@ -2,6 +2,8 @@
 // independent overflow-free (__int128) model of cuDNN's rules and the header's contract.
 #include <atomr/cuda/cudnn_actor.hpp>
 
+#include "int128.hpp"
+
 #include <doctest/doctest.h>
 
 #if __has_include(<cudnn.h>)
@@ -32,8 +34,10 @@ namespace {
 
 using i64 = std::int64_t;
 using u64 = std::uint64_t;
-__extension__ typedef __int128 i128;
-__extension__ typedef unsigned __int128 u128;
+using atomr::cuda::test::clamp64;
+using atomr::cuda::test::dec;
+using atomr::cuda::test::i128;
+using atomr::cuda::test::u128;
 
 constexpr i64 k_int_max = INT_MAX;  // cuDNN's legacy descriptors take int extents
 constexpr i128 k_i64_max = std::numeric_limits<i64>::max();
@@ -51,14 +55,6 @@ constexpr std::string_view shape_op = "cudnn_actor::softmax_forward";
 constexpr std::string_view act_op = "cudnn_actor::activation_forward";
 constexpr std::string_view bn_op = "cudnn_actor::batchnorm_inference";
 constexpr std::string_view create_op = "cudnn_actor::create";
-
-std::string dec(i128 v) {
-  if (v == 0) return "0";
-  u128 u = v < 0 ? u128{0} - static_cast<u128>(v) : static_cast<u128>(v);
-  std::string s;
-  for (; u != 0; u /= 10) s.insert(s.begin(), static_cast<char>('0' + static_cast<int>(u % 10)));
-  return v < 0 ? "-" + s : s;
-}
 
 std::string dbl(double d) {
   char buf[64];
@@ -391,12 +387,6 @@ private:
   std::mt19937_64 g_;
 };
 
-/// `v`, saturated to the int64 range.
-i64 clamp64(i128 v) {
-  if (v > k_i64_max) return std::numeric_limits<i64>::max();
-  if (v < -k_i64_max - 1) return std::numeric_limits<i64>::min();
-  return static_cast<i64>(v);
-}
 /// The largest factor f with product * f <= INT64_MAX (product > 0), moved by delta.
 i64 fill_to_int64_max(i128 product, int delta) {
   if (product <= 0) return 1 + delta;

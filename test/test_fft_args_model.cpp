@@ -7,6 +7,7 @@
 #endif
 
 #include "../lib/device_impl.hpp"
+#include "int128.hpp"
 #include "io_fixture.hpp"
 
 #include <doctest/doctest.h>
@@ -35,22 +36,14 @@ namespace {
 // ---------------------------------------------------------------------------
 // 128-bit arithmetic: every count of the model is exact, nothing can wrap.
 
-using i128 = __int128;
-using u128 = unsigned __int128;
+using atomr::cuda::test::i128;
+using atomr::cuda::test::u128;
 constexpr i128 int_max = INT_MAX;
 constexpr i128 ll_max = LLONG_MAX;
 constexpr i128 size_max = SIZE_MAX;
 
 std::string str(i128 v) {
-  if (v == 0) return "0";
-  const bool neg = v < 0;
-  u128 u = neg ? u128(0) - u128(v) : u128(v);
-  std::string s;
-  while (u != 0) {
-    s.insert(s.begin(), static_cast<char>('0' + static_cast<int>(u % 10)));
-    u /= 10;
-  }
-  return neg ? "-" + s : s;
+  return atomr::cuda::test::dec(v);
 }
 
 std::string join(const std::vector<std::string>& xs) {

@@ -25,7 +25,6 @@
 #include <sys/time.h>
 
 #include <atomic>
-#include <cctype>
 #include <chrono>
 #include <filesystem>
 #include <cstdint>
@@ -600,10 +599,7 @@ namespace {
 /// as the service's documentation says (any case, parameters allowed).
 bool raw_media_type(std::string_view type) {
   constexpr std::string_view raw = "application/octet-stream";
-  if (type.size() < raw.size()) return false;
-  for (std::size_t i = 0; i < raw.size(); ++i)
-    if (std::tolower(static_cast<unsigned char>(type[i])) != raw[i]) return false;
-  return true;
+  return beast::iequals(type.substr(0, raw.size()), raw);
 }
 
 struct fuzz_request {

@@ -166,11 +166,7 @@ bool parse_shape(std::string_view s, std::span<std::int64_t> out, std::string& e
 /// RFC 9110 8.3.1), with or without parameters.
 bool is_raw(const request& req) {
   constexpr std::string_view raw = "application/octet-stream";
-  const std::string_view type = req[http::field::content_type];
-  return type.size() >= raw.size() &&
-         std::equal(raw.begin(), raw.end(), type.begin(), [](char a, char b) {
-           return a == (b >= 'A' && b <= 'Z' ? static_cast<char>(b - 'A' + 'a') : b);
-         });
+  return beast::iequals(req[http::field::content_type].substr(0, raw.size()), raw);
 }
 
 }  // namespace
