@@ -692,7 +692,8 @@ private:
     } else {
       try {
         std::vector<char> moved;
-        if (op == wire::op_code::indirect) {
+        const bool indirect = op == wire::op_code::indirect;
+        if (indirect) {
           // The payload is in the arena: copied out, then answered as its request.
           wire::indirect_args a;
           if (!wire::read_pod(payload, a)) co_return cu::detail::worker_side::short_request();
@@ -704,7 +705,9 @@ private:
           if (op == wire::op_code::indirect)
             co_return cu::make_error(errc::invalid_argument, "worker: an indirect request in one");
         }
-        const auto& body = moved.empty() ? payload : moved;
+        // An indirect request's body is what it points at, even when empty
+        // (then the answer is the operation's own "short request" error).
+        const auto& body = indirect ? moved : payload;
         if (op == wire::op_code::unit || op == wire::op_code::record)
           r = co_await run_unit(body, op == wire::op_code::record);
         else
