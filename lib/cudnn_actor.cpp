@@ -385,6 +385,12 @@ struct cudnn_lane : lane_base {
   const cudnn_config cfg;
   // Everything below is guarded by mu.
   cudnnHandle_t handle = nullptr;
+  /// The stream the handle is on: the lane's, a recording's while one
+  /// records, or the stream of the last unit step that followed its previous
+  /// step (left there until an enqueue on the lane's own stream comes).
+  cudaStream_t on_now = nullptr;
+  stream kept;                        // that unit step's stream, while the handle is on it
+  std::uint64_t stream_switches = 0;  // cudnnSetStream calls after the handle's first
   lru<conv_key, std::shared_ptr<conv_plan>> plans;
   gpu_ref<std::uint8_t> workspace;  // replaced (never resized) when a larger one is needed
   std::uint64_t workspace_grows = 0;
@@ -417,14 +423,42 @@ struct cudnn_lane : lane_base {
 
   /// An enqueue on another stream than the lane's (lane_hold: a recording,
   /// or a unit's step following its previous step): the handle on that
-  /// stream. Lock held.
+  /// stream, unless it is there already (a unit's step left it there). Lock
+  /// held.
   result<void> bind(launch& l) {
     BOOST_OUTCOME_TRY(auto h, get_handle());
-    return ok(cudnnSetStream(h, l.native_stream()), "cudnnSetStream");
+    if (on_now == l.native_stream()) return outcome::success();
+    BOOST_OUTCOME_TRY(ok(cudnnSetStream(h, l.native_stream()), "cudnnSetStream"));
+    ++stream_switches;
+    on_now = l.native_stream();
+    // Held while the handle is on it: no handle of ours points at a
+    // destroyed stream (the lane's destructor destroys the handle first).
+    kept = l.recording() ? stream{} : l.get_stream();
+    return outcome::success();
   }
+  /// A unit step's stream stays the handle's after the step (lane_hold does
+  /// not call unbind()); a recording's never does.
+  static bool leaves_bound(const launch& l) noexcept { return !l.recording(); }
   /// Back on the lane's stream; false if that failed. Lock held.
   bool unbind() noexcept {
-    return cudnnSetStream(handle, strm.native_handle()) == CUDNN_STATUS_SUCCESS;
+    if (cudnnSetStream(handle, strm.native_handle()) != CUDNN_STATUS_SUCCESS) return false;
+    back_on_own();
+    return true;
+  }
+  /// An enqueue on the lane's own stream: the handle back on it if a unit's
+  /// step left it elsewhere. Lock held.
+  result<void> to_own() {
+    if (!handle || on_now == strm.native_handle()) return outcome::success();
+    const auto st = cudnnSetStream(handle, strm.native_handle());
+    if (st != CUDNN_STATUS_SUCCESS) return ok(st, "cudnnSetStream");
+    back_on_own();
+    return outcome::success();
+  }
+  /// After cudnnSetStream put the handle back on the lane's stream.
+  void back_on_own() noexcept {
+    ++stream_switches;
+    on_now = strm.native_handle();
+    kept = stream{};
   }
 
   /// Creates the handle on first use and binds it to the lane's stream.
@@ -438,6 +472,7 @@ struct cudnn_lane : lane_base {
       return r.error();
     }
     handle = h;
+    on_now = strm.native_handle();
     return handle;
   }
 
@@ -1023,6 +1058,7 @@ cudnn_statistics cudnn_actor::statistics() const {
     s.cuda_graph_records += l.graph_records;
     s.cuda_graph_launches += l.graph_launches;
     s.cuda_graph_failures += l.graph_failures;
+    s.stream_switches += l.stream_switches;
     ++s.lanes;
   });
   return s;

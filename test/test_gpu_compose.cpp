@@ -559,6 +559,28 @@ TEST_CASE_FIXTURE(compose_fixture,
     CHECK(wrong == 0);
     check_settled(before, 2, 0);
   }
+  // Units one after another, nothing else on the lane between them: its
+  // handle is pointed at the gemm's stream once and stays there (a cudnnSetStream
+  // there and one back per unit until session 42), then goes back to its
+  // own stream for the relu awaited alone; every result right.
+  {
+    auto x = nan_floats(xv.size()), y = nan_floats(xv.size()), z = nan_floats(xv.size());
+    const auto switches = dnn.statistics().stream_switches;
+    std::vector<float> out(xv.size());
+    for (int u = 0; u < 5; ++u) {
+      CAPTURE(u);
+      std::fill(out.begin(), out.end(), std::nanf(""));
+      auto r = run(compose(dev, upload(xv, x), blas.gemm(square(n), x, w, y),
+                           dnn.activation_forward(shape, {}, y, z), download(z, out)));
+      REQUIRE_MESSAGE(r, (r ? "" : r.error().message()));
+      CHECK(relu_error(out) < 1e-5);
+    }
+    CHECK(dnn.statistics().stream_switches - switches == 1);
+    auto z2 = nan_floats(xv.size());
+    REQUIRE(run(dnn.activation_forward(shape, {}, y, z2)));
+    CHECK(download_floats(z2) == out);
+    CHECK(dnn.statistics().stream_switches - switches == 2);
+  }
   // Units whose relu follows a long gemm, racing relus awaited alone on the
   // same lane from other coroutines: every result right.
   {

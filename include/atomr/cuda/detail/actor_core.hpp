@@ -125,8 +125,12 @@ inline gpu_error stuck_lane_error() {
 /// unit_step_stream) it also points the lane's library handle at that stream
 /// (`lane.bind(l)`) and back at the lane's own (`lane.unbind()`) before the
 /// lock is released, so that the step's calls go there and no other
-/// coroutine's do (docs/design.md, "Recorded units"). Check status() before
-/// using the handle.
+/// coroutine's do (docs/design.md, "Recorded units"). A lane whose
+/// `leaves_bound(l)` says so keeps its handle on a unit step's stream after
+/// the step (the next step of that kind on that stream then costs no call)
+/// and points it back only when an enqueue on its own stream comes
+/// (`lane.to_own()`; docs/design.md, "A cuDNN handle stays on the stream it
+/// was last pointed at"). Check status() before using the handle.
 template <class Lane>
 class lane_hold {
 public:
@@ -135,7 +139,9 @@ public:
       status_ = stuck_lane_error();
     } else if (l.recording() || l.native_stream() != lane.strm.native_handle()) {
       status_ = lane.bind(l);
-      bound_ = status_.has_value();
+      bound_ = status_.has_value() && !leaves_bound(lane, l);
+    } else if constexpr (requires { lane.to_own(); }) {
+      status_ = lane.to_own();
     }
   }
   lane_hold(const lane_hold&) = delete;
@@ -149,6 +155,13 @@ public:
   const result<void>& status() const noexcept { return status_; }
 
 private:
+  static bool leaves_bound(Lane& lane, launch& l) {
+    if constexpr (requires { lane.leaves_bound(l); })
+      return lane.leaves_bound(l);
+    else
+      return false;
+  }
+
   Lane& lane_;
   std::lock_guard<std::mutex> lock_;
   result<void> status_ = outcome::success();
