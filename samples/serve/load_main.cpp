@@ -526,9 +526,14 @@ int main(int argc, char** argv) {
 
   if (o.wait_healthy > 0) {
     std::string last;
+    const auto asked = clock_type::now();
     if (!wait_healthy(st.ep, o.host, std::chrono::seconds(o.wait_healthy), last)) {
-      std::fprintf(stderr, "%s: the service is not healthy (waited up to %lld s); /health: %s\n",
-                   prog.name, o.wait_healthy, last.c_str());
+      // Unavailable and stopped end the wait at once: say how long it was.
+      const double waited = std::chrono::duration<double>(clock_type::now() - asked).count();
+      std::fprintf(stderr,
+                   "%s: the service is not healthy (gave up after %.1f s of the %lld s allowed); "
+                   "/health: %s\n",
+                   prog.name, waited, o.wait_healthy, last.c_str());
       return cli::exit_no_gpu;
     }
   }
