@@ -12,8 +12,11 @@
 #include <cudnn.h>
 
 #include <algorithm>
+#include <array>
+#include <bit>
 #include <climits>
 #include <cmath>
+#include <initializer_list>
 #include <mutex>
 #include <string>
 #include <tuple>
@@ -343,12 +346,46 @@ struct conv_plan {
   std::size_t workspace = 0;
 };
 
-/// The descriptors of one non-convolution operation (kept alive by the op).
+/// The descriptors of one non-convolution operation. cuDNN reads them only
+/// during the call that takes them (the launch copies what the kernel
+/// needs), so a lane keeps the last ones and sets them again only for an
+/// operation with another key (cudnn_lane::descs_for).
 struct op_descs {
   tensor_desc x, y, param;
   activation_desc act;
   pooling_desc pool;
 };
+
+/// Everything an operation's descriptors are made from: its kind, element
+/// type, shapes and parameters (unused entries 0). Equal keys make equal
+/// descriptors.
+struct op_key {
+  std::array<std::int64_t, 17> v{};
+  friend bool operator==(const op_key&, const op_key&) = default;
+};
+enum class op_kind : std::int64_t { activation = 1, softmax, pooling, batchnorm };
+
+/// The key of an operation of `kind` on `type` with the shape `a` (and `b`,
+/// pooling's output) and up to seven parameters.
+op_key make_op_key(op_kind kind, cudnnDataType_t type, const tensor_shape& a, const tensor_shape& b,
+                   std::initializer_list<std::int64_t> params) {
+  op_key k;
+  k.v = {static_cast<std::int64_t>(kind),
+         static_cast<std::int64_t>(type),
+         a.n,
+         a.c,
+         a.h,
+         a.w,
+         static_cast<std::int64_t>(a.layout),
+         b.n,
+         b.c,
+         b.h};
+  std::size_t i = 10;
+  for (auto p : params) k.v[i++] = p;
+  // (b.w and b.layout: pooling's output has x's layout, and its width follows
+  // from x's and the window's, which are in the key.)
+  return k;
+}
 
 }  // namespace
 
@@ -391,6 +428,11 @@ struct cudnn_lane : lane_base {
   cudaStream_t on_now = nullptr;
   stream kept;                        // that unit step's stream, while the handle is on it
   std::uint64_t stream_switches = 0;  // cudnnSetStream calls after the handle's first
+  /// The last non-convolution operation's descriptors and their key.
+  op_descs descs;
+  op_key descs_key;
+  bool descs_set = false;
+  std::uint64_t descs_reused = 0;
   lru<conv_key, std::shared_ptr<conv_plan>> plans;
   gpu_ref<std::uint8_t> workspace;  // replaced (never resized) when a larger one is needed
   std::uint64_t workspace_grows = 0;
@@ -474,6 +516,21 @@ struct cudnn_lane : lane_base {
     handle = h;
     on_now = strm.native_handle();
     return handle;
+  }
+
+  /// The descriptors for an operation with `key`: the last operation's when
+  /// its key was the same, else made again by `make(descs)`. Lock held.
+  template <class Make>
+  result<const op_descs*> descs_for(const op_key& key, Make&& make) {
+    if (descs_set && key == descs_key) {
+      ++descs_reused;
+      return &descs;
+    }
+    descs_set = false;  // until `make` has set every descriptor of the new key
+    BOOST_OUTCOME_TRY(make(descs));
+    descs_key = key;
+    descs_set = true;
+    return &descs;
   }
 
   /// A workspace of at least `bytes` (empty if 0), on the lane's stream. Lock held.
@@ -771,7 +828,7 @@ result<void> check_io(std::string_view op, const cudnn_state& st, const gpu_ref<
   return outcome::success();
 }
 
-using keep_io = std::tuple<std::shared_ptr<op_descs>, std::shared_ptr<cudnn_state>>;
+using keep_io = std::tuple<std::shared_ptr<cudnn_state>>;
 
 template <class T>
 asio::awaitable<result<gpu_ref<T>>> activation(std::shared_ptr<cudnn_state> st, tensor_shape s,
@@ -792,9 +849,6 @@ asio::awaitable<result<gpu_ref<T>>> activation(std::shared_ptr<cudnn_state> st, 
       [st, lane, s, p, x, y](launch& l) -> result<std::tuple<gpu_ref<T>, keep_io>> {
         BOOST_OUTCOME_TRY(const T* px, l.read(x));
         BOOST_OUTCOME_TRY(T * py, l.write(y));
-        auto d = std::make_shared<op_descs>();
-        BOOST_OUTCOME_TRY(set_tensor(d->x, s, data_type<T>()));
-        BOOST_OUTCOME_TRY(d->act.create("cudnnCreateActivationDescriptor"));
         cudnnActivationMode_t mode = CUDNN_ACTIVATION_RELU;
         switch (p.mode) {
           case activation_mode::relu:
@@ -813,16 +867,22 @@ asio::awaitable<result<gpu_ref<T>>> activation(std::shared_ptr<cudnn_state> st, 
             mode = CUDNN_ACTIVATION_CLIPPED_RELU;
             break;
         }
-        BOOST_OUTCOME_TRY(
-            ok(cudnnSetActivationDescriptor(d->act.h, mode, CUDNN_PROPAGATE_NAN, p.coef),
-               "cudnnSetActivationDescriptor"));
         lane_hold hold(*lane, l);
         BOOST_OUTCOME_TRY(hold.status());
         BOOST_OUTCOME_TRY(auto h, lane->get_handle());
+        const auto key =
+            make_op_key(op_kind::activation, data_type<T>(), s, {},
+                        {static_cast<std::int64_t>(mode), std::bit_cast<std::int64_t>(p.coef)});
+        BOOST_OUTCOME_TRY(auto d, lane->descs_for(key, [&](op_descs& n) -> result<void> {
+          BOOST_OUTCOME_TRY(set_tensor(n.x, s, data_type<T>()));
+          BOOST_OUTCOME_TRY(n.act.create("cudnnCreateActivationDescriptor"));
+          return ok(cudnnSetActivationDescriptor(n.act.h, mode, CUDNN_PROPAGATE_NAN, p.coef),
+                    "cudnnSetActivationDescriptor");
+        }));
         BOOST_OUTCOME_TRY(
             ok(cudnnActivationForward(h, d->act.h, &one, d->x.h, px, &zero, d->x.h, py),
                "cudnnActivationForward"));
-        return std::tuple{x, keep_io{std::move(d), st}};
+        return std::tuple{x, keep_io{st}};
       });
 }
 
@@ -844,16 +904,18 @@ asio::awaitable<result<gpu_ref<T>>> softmax(std::shared_ptr<cudnn_state> st, ten
       [st, lane, s, a, x, y](launch& l) -> result<std::tuple<gpu_ref<T>, keep_io>> {
         BOOST_OUTCOME_TRY(const T* px, l.read(x));
         BOOST_OUTCOME_TRY(T * py, l.write(y));
-        auto d = std::make_shared<op_descs>();
-        BOOST_OUTCOME_TRY(set_tensor(d->x, s, data_type<T>()));
         const auto algo = a == softmax_algorithm::log ? CUDNN_SOFTMAX_LOG : CUDNN_SOFTMAX_ACCURATE;
         lane_hold hold(*lane, l);
         BOOST_OUTCOME_TRY(hold.status());
         BOOST_OUTCOME_TRY(auto h, lane->get_handle());
+        BOOST_OUTCOME_TRY(
+            auto d,
+            lane->descs_for(make_op_key(op_kind::softmax, data_type<T>(), s, {}, {}),
+                            [&](op_descs& n) { return set_tensor(n.x, s, data_type<T>()); }));
         BOOST_OUTCOME_TRY(ok(cudnnSoftmaxForward(h, algo, CUDNN_SOFTMAX_MODE_CHANNEL, &one, d->x.h,
                                                  px, &zero, d->x.h, py),
                              "cudnnSoftmaxForward"));
-        return std::tuple{x, keep_io{std::move(d), st}};
+        return std::tuple{x, keep_io{st}};
       });
 }
 
@@ -874,26 +936,30 @@ asio::awaitable<result<gpu_ref<T>>> pooling(std::shared_ptr<cudnn_state> st, ten
       [st, lane, xs, ys, p, x, y](launch& l) -> result<std::tuple<gpu_ref<T>, keep_io>> {
         BOOST_OUTCOME_TRY(const T* px, l.read(x));
         BOOST_OUTCOME_TRY(T * py, l.write(y));
-        auto d = std::make_shared<op_descs>();
-        BOOST_OUTCOME_TRY(set_tensor(d->x, xs, data_type<T>()));
-        BOOST_OUTCOME_TRY(set_tensor(d->y, ys, data_type<T>()));
-        BOOST_OUTCOME_TRY(d->pool.create("cudnnCreatePoolingDescriptor"));
         const auto mode = p.mode == pooling_mode::max ? CUDNN_POOLING_MAX
                           : p.mode == pooling_mode::average_include_padding
                               ? CUDNN_POOLING_AVERAGE_COUNT_INCLUDE_PADDING
                               : CUDNN_POOLING_AVERAGE_COUNT_EXCLUDE_PADDING;
-        BOOST_OUTCOME_TRY(ok(
-            cudnnSetPooling2dDescriptor(d->pool.h, mode, CUDNN_PROPAGATE_NAN,
-                                        static_cast<int>(p.window_h), static_cast<int>(p.window_w),
-                                        static_cast<int>(p.pad_h), static_cast<int>(p.pad_w),
-                                        static_cast<int>(p.stride_h), static_cast<int>(p.stride_w)),
-            "cudnnSetPooling2dDescriptor"));
         lane_hold hold(*lane, l);
         BOOST_OUTCOME_TRY(hold.status());
         BOOST_OUTCOME_TRY(auto h, lane->get_handle());
+        const auto key = make_op_key(op_kind::pooling, data_type<T>(), xs, ys,
+                                     {static_cast<std::int64_t>(mode), p.window_h, p.window_w,
+                                      p.pad_h, p.pad_w, p.stride_h, p.stride_w});
+        BOOST_OUTCOME_TRY(auto d, lane->descs_for(key, [&](op_descs& n) -> result<void> {
+          BOOST_OUTCOME_TRY(set_tensor(n.x, xs, data_type<T>()));
+          BOOST_OUTCOME_TRY(set_tensor(n.y, ys, data_type<T>()));
+          BOOST_OUTCOME_TRY(n.pool.create("cudnnCreatePoolingDescriptor"));
+          return ok(cudnnSetPooling2dDescriptor(
+                        n.pool.h, mode, CUDNN_PROPAGATE_NAN, static_cast<int>(p.window_h),
+                        static_cast<int>(p.window_w), static_cast<int>(p.pad_h),
+                        static_cast<int>(p.pad_w), static_cast<int>(p.stride_h),
+                        static_cast<int>(p.stride_w)),
+                    "cudnnSetPooling2dDescriptor");
+        }));
         BOOST_OUTCOME_TRY(ok(cudnnPoolingForward(h, d->pool.h, &one, d->x.h, px, &zero, d->y.h, py),
                              "cudnnPoolingForward"));
-        return std::tuple{x, keep_io{std::move(d), st}};
+        return std::tuple{x, keep_io{st}};
       });
 }
 
@@ -931,19 +997,24 @@ asio::awaitable<result<gpu_ref<T>>> batchnorm(std::shared_ptr<cudnn_state> st, t
         BOOST_OUTCOME_TRY(const float* pm, l.read(mean));
         BOOST_OUTCOME_TRY(const float* pv, l.read(var));
         BOOST_OUTCOME_TRY(T * py, l.write(y));
-        auto d = std::make_shared<op_descs>();
-        BOOST_OUTCOME_TRY(set_tensor(d->x, s, data_type<T>()));
-        // Per-channel parameters: 1 x C x 1 x 1 floats (also for half data).
-        BOOST_OUTCOME_TRY(set_tensor(d->param, tensor_shape{1, s.c, 1, 1, tensor_layout::nchw},
-                                     CUDNN_DATA_FLOAT));
         lane_hold hold(*lane, l);
         BOOST_OUTCOME_TRY(hold.status());
         BOOST_OUTCOME_TRY(auto h, lane->get_handle());
+        BOOST_OUTCOME_TRY(
+            auto d, lane->descs_for(make_op_key(op_kind::batchnorm, data_type<T>(), s, {}, {}),
+                                    [&](op_descs& n) -> result<void> {
+                                      BOOST_OUTCOME_TRY(set_tensor(n.x, s, data_type<T>()));
+                                      // Per-channel parameters: 1 x C x 1 x 1 floats
+                                      // (also for half data).
+                                      return set_tensor(
+                                          n.param, tensor_shape{1, s.c, 1, 1, tensor_layout::nchw},
+                                          CUDNN_DATA_FLOAT);
+                                    }));
         BOOST_OUTCOME_TRY(ok(cudnnBatchNormalizationForwardInference(
                                  h, CUDNN_BATCHNORM_SPATIAL, &one, &zero, d->x.h, px, d->x.h, py,
                                  d->param.h, ps, pb, pm, pv, eps),
                              "cudnnBatchNormalizationForwardInference"));
-        return keep_t{x, scale, bias, mean, var, keep_io{std::move(d), st}};
+        return keep_t{x, scale, bias, mean, var, keep_io{st}};
       });
 }
 
@@ -1059,6 +1130,7 @@ cudnn_statistics cudnn_actor::statistics() const {
     s.cuda_graph_launches += l.graph_launches;
     s.cuda_graph_failures += l.graph_failures;
     s.stream_switches += l.stream_switches;
+    s.descriptors_reused += l.descs_reused;
     ++s.lanes;
   });
   return s;

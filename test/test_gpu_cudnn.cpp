@@ -330,6 +330,73 @@ TEST_CASE_FIXTURE(cudnn_fixture, "cudnn activations equal their CPU definitions"
   }
 }
 
+TEST_CASE_FIXTURE(cudnn_fixture,
+                  "cudnn: a lane sets its descriptors again only when the operation's kind, type, "
+                  "shape or parameters change") {
+  // One lane (one thread), so every call below uses the same lane's
+  // descriptors: a key that left out the coefficient, the shape or the
+  // pooling mode would give the numbers of the call before.
+  const tensor_shape s{1, 4, 1, 4};
+  const auto n = static_cast<std::size_t>(s.elements());
+  auto x = random_values<float>(n, 77, -3, 3);
+  auto gx = up<float>(x);
+  const auto reused = [&] { return dnn.statistics().descriptors_reused; };
+  const auto clipped = [&](double c) {
+    std::vector<double> want(n);
+    for (std::size_t i = 0; i < n; ++i) want[i] = std::min(std::max(x[i], 0.0), c);
+    return want;
+  };
+  const auto r0 = reused();
+  for (int i = 0; i < 3; ++i) {
+    auto y = nan_buffer<float>(n);
+    REQUIRE(run(dnn.activation_forward(s, {activation_mode::clipped_relu, 1.0}, gx, y)));
+    CHECK(rel_error(down(y), clipped(1.0)) < 1e-6);
+  }
+  CHECK(reused() - r0 == 2);
+  {
+    auto y = nan_buffer<float>(n);
+    REQUIRE(run(dnn.activation_forward(s, {activation_mode::clipped_relu, 2.0}, gx, y)));
+    CHECK(rel_error(down(y), clipped(2.0)) < 1e-6);
+    CHECK(reused() - r0 == 2);
+  }
+  // Softmax over 4 channels, then over 2 (the same data, another shape).
+  for (const tensor_shape& t : {s, tensor_shape{2, 2, 1, 4}}) {
+    CAPTURE(t.c);
+    std::vector<double> want(n);
+    for (std::int64_t b = 0; b < t.n; ++b)
+      for (std::int64_t w = 0; w < t.w; ++w) {
+        double sum = 0;
+        for (std::int64_t c = 0; c < t.c; ++c) sum += std::exp(x[at(t, b, c, 0, w)]);
+        for (std::int64_t c = 0; c < t.c; ++c)
+          want[at(t, b, c, 0, w)] = std::exp(x[at(t, b, c, 0, w)]) / sum;
+      }
+    auto y = nan_buffer<float>(n);
+    REQUIRE(run(dnn.softmax_forward(t, softmax_algorithm::accurate, gx, y)));
+    CHECK(rel_error(down(y), want) < 1e-5);
+  }
+  // Max, then average pooling of the same shapes: 2 x 2 windows of a 4 x 4 image.
+  const tensor_shape img{1, 1, 4, 4};
+  for (auto mode : {pooling_mode::max, pooling_mode::average_include_padding}) {
+    CAPTURE(std::string(to_string(mode)));
+    std::vector<double> want(4);
+    for (std::int64_t oh = 0; oh < 2; ++oh)
+      for (std::int64_t ow = 0; ow < 2; ++ow) {
+        double mx = -1e300, sum = 0;
+        for (std::int64_t r = 0; r < 2; ++r)
+          for (std::int64_t q = 0; q < 2; ++q) {
+            const double v = x[at(img, 0, 0, oh * 2 + r, ow * 2 + q)];
+            mx = std::max(mx, v);
+            sum += v;
+          }
+        want[static_cast<std::size_t>(oh * 2 + ow)] = mode == pooling_mode::max ? mx : sum / 4;
+      }
+    auto y = nan_buffer<float>(4);
+    REQUIRE(run(dnn.pooling_forward(img, {.mode = mode}, gx, y)));
+    CHECK(rel_error(down(y), want) < 1e-6);
+  }
+  CHECK(reused() - r0 == 2);
+}
+
 TEST_CASE_FIXTURE(cudnn_fixture, "cudnn softmax over channels, accurate and log, both layouts") {
   for (auto layout : {tensor_layout::nchw, tensor_layout::nhwc}) {
     const tensor_shape s{2, 5, 3, 4, layout};
