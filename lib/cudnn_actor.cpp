@@ -428,10 +428,15 @@ struct cudnn_lane : lane_base {
   cudaStream_t on_now = nullptr;
   stream kept;                        // that unit step's stream, while the handle is on it
   std::uint64_t stream_switches = 0;  // cudnnSetStream calls after the handle's first
-  /// The last non-convolution operation's descriptors and their key.
-  op_descs descs;
-  op_key descs_key;
-  bool descs_set = false;
+  /// For each kind of non-convolution operation, the last one's descriptors
+  /// and their key (a slot per kind: a model's relu, pooling and softmax
+  /// on one lane each keep theirs).
+  struct desc_slot {
+    op_descs descs;
+    op_key key;
+    bool set = false;
+  };
+  std::array<desc_slot, 4> desc_slots;
   std::uint64_t descs_reused = 0;
   lru<conv_key, std::shared_ptr<conv_plan>> plans;
   gpu_ref<std::uint8_t> workspace;  // replaced (never resized) when a larger one is needed
@@ -518,19 +523,21 @@ struct cudnn_lane : lane_base {
     return handle;
   }
 
-  /// The descriptors for an operation with `key`: the last operation's when
-  /// its key was the same, else made again by `make(descs)`. Lock held.
+  /// The descriptors for an operation with `key`: those of the last
+  /// operation of its kind when its key was the same, else made again by
+  /// `make(descs)`. Lock held.
   template <class Make>
   result<const op_descs*> descs_for(const op_key& key, Make&& make) {
-    if (descs_set && key == descs_key) {
+    auto& slot = desc_slots[static_cast<std::size_t>(key.v[0] - 1)];  // by op_kind
+    if (slot.set && key == slot.key) {
       ++descs_reused;
-      return &descs;
+      return &slot.descs;
     }
-    descs_set = false;  // until `make` has set every descriptor of the new key
-    BOOST_OUTCOME_TRY(make(descs));
-    descs_key = key;
-    descs_set = true;
-    return &descs;
+    slot.set = false;  // until `make` has set every descriptor of the new key
+    BOOST_OUTCOME_TRY(make(slot.descs));
+    slot.key = key;
+    slot.set = true;
+    return &slot.descs;
   }
 
   /// A workspace of at least `bytes` (empty if 0), on the lane's stream. Lock held.

@@ -331,8 +331,8 @@ TEST_CASE_FIXTURE(cudnn_fixture, "cudnn activations equal their CPU definitions"
 }
 
 TEST_CASE_FIXTURE(cudnn_fixture,
-                  "cudnn: a lane sets its descriptors again only when the operation's kind, type, "
-                  "shape or parameters change") {
+                  "cudnn: a lane sets its descriptors again only when the operation's type, shape "
+                  "or parameters change; each kind keeps its own") {
   // One lane (one thread), so every call below uses the same lane's
   // descriptors: a key that left out the coefficient, the shape or the
   // pooling mode would give the numbers of the call before.
@@ -395,6 +395,14 @@ TEST_CASE_FIXTURE(cudnn_fixture,
     CHECK(rel_error(down(y), want) < 1e-6);
   }
   CHECK(reused() - r0 == 2);
+  // Each kind keeps its own: the activation of before, after a softmax and
+  // a pooling on the lane, reuses its descriptors.
+  {
+    auto y = nan_buffer<float>(n);
+    REQUIRE(run(dnn.activation_forward(s, {activation_mode::clipped_relu, 2.0}, gx, y)));
+    CHECK(rel_error(down(y), clipped(2.0)) < 1e-6);
+    CHECK(reused() - r0 == 3);
+  }
 }
 
 TEST_CASE_FIXTURE(cudnn_fixture, "cudnn softmax over channels, accurate and log, both layouts") {
