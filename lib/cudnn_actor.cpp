@@ -13,6 +13,7 @@
 
 #include <algorithm>
 #include <array>
+#include <cassert>
 #include <bit>
 #include <climits>
 #include <cmath>
@@ -357,8 +358,9 @@ struct op_descs {
 };
 
 /// Everything an operation's descriptors are made from: its kind, element
-/// type, shapes and parameters (unused entries 0). Equal keys make equal
-/// descriptors.
+/// type, shapes and parameters (an operation leaves the same entries unused
+/// on every call: a second shape it lacks is {1, 1, 1, 1}, missing
+/// parameters are 0). Equal keys make equal descriptors.
 struct op_key {
   std::array<std::int64_t, 17> v{};
   friend bool operator==(const op_key&, const op_key&) = default;
@@ -380,6 +382,7 @@ op_key make_op_key(op_kind kind, cudnnDataType_t type, const tensor_shape& a, co
          b.n,
          b.c,
          b.h};
+  assert(params.size() <= k.v.size() - 10);
   std::size_t i = 10;
   for (auto p : params) k.v[i++] = p;
   // (b.w and b.layout: pooling's output has x's layout, and its width follows
@@ -528,7 +531,9 @@ struct cudnn_lane : lane_base {
   /// `make(descs)`. Lock held.
   template <class Make>
   result<const op_descs*> descs_for(const op_key& key, Make&& make) {
-    auto& slot = desc_slots[static_cast<std::size_t>(key.v[0] - 1)];  // by op_kind
+    const auto kind = static_cast<std::size_t>(key.v[0] - 1);  // op_kind, from 1
+    assert(kind < desc_slots.size());
+    auto& slot = desc_slots[kind];
     if (slot.set && key == slot.key) {
       ++descs_reused;
       return &slot.descs;

@@ -163,10 +163,12 @@ struct cudnn_statistics {
   std::uint64_t cuda_graph_launches = 0;  ///< convolutions run as a recorded CUDA graph
   std::uint64_t cuda_graph_failures = 0;  ///< recordings that failed (the plan then executes)
   std::size_t lanes = 0;                  ///< lanes made so far (cudnn_options::max_lanes)
-  /// Times a lane's handle was pointed at another stream (cudnnSetStream):
-  /// to a unit step's stream that it was not on, to a recording's, or back
-  /// to the lane's own (docs/design.md, "A cuDNN handle stays on the stream
-  /// it was last pointed at").
+  /// Times a lane's handle was pointed at another stream for an operation
+  /// (cudnnSetStream): to a unit step's stream that it was not on, to a
+  /// recording's, or back to the lane's own (docs/design.md, "A cuDNN handle
+  /// stays on the stream it was last pointed at"). Not counted: the pair
+  /// around a convolution plan's own CUDA graph capture
+  /// (cuda_graph_records counts those).
   std::uint64_t stream_switches = 0;
   /// Activations, softmaxes, poolings and batch normalisations that used
   /// their lane's descriptors of the operation before (same kind, type,
