@@ -722,7 +722,9 @@ TEST_CASE(
   CHECK(t.inputs > 50000);
 }
 
-TEST_CASE("wire fuzz: a ring slot's size, however corrupted, never reads past the slot") {
+TEST_CASE(
+    "wire fuzz: a ring slot's size, however corrupted, never reads past the slot, and one past "
+    "the slot marks its message oversized") {
   rng_t rng(0x72696e67);
   tally t;
   small_ring s(8);  // slot 7 ends its allocation: an unclamped read overflows it
@@ -767,9 +769,10 @@ TEST_CASE("wire fuzz: a ring slot's size, however corrupted, never reads past th
       t.fail("a published slot was not taken", pb);
       break;
     }
-    const std::size_t want = size <= wire::ring_payload ? size : 0;
-    if (m.id != id || m.op != op || m.arg != arg || m.payload.size() != want ||
-        !std::equal(m.payload.begin(), m.payload.end(), slot.payload))
+    const bool over = size > wire::ring_payload;
+    const std::size_t want = over ? 0 : size;
+    if (m.id != id || m.op != op || m.arg != arg || m.oversized != over ||
+        m.payload.size() != want || !std::equal(m.payload.begin(), m.payload.end(), slot.payload))
       t.fail("a slot was read otherwise", m.payload);
     ++t.accepted;
   }

@@ -135,8 +135,11 @@ public:
     out.id = s->id;
     out.op = s->op;
     out.arg = s->arg;
-    const std::uint32_t n = s->size <= ring_payload ? s->size : 0;
-    out.payload.assign(s->payload, s->payload + n);
+    // A size past the slot (the other process wrote over it) yields no bytes
+    // and marks the message: its reader refuses it rather than take it as an
+    // empty message.
+    out.oversized = s->size > ring_payload;
+    out.payload.assign(s->payload, s->payload + (out.oversized ? 0 : s->size));
     s->seq.store(pos + mask_ + 1, std::memory_order_release);
     return true;
   }
@@ -256,6 +259,10 @@ struct ring_message {
   std::uint64_t id = 0;
   std::uint16_t op = 0;
   std::uint16_t arg = 0;
+  /// The slot claimed more bytes than it holds: the payload is empty and the
+  /// message must be refused (a request answered invalid_argument, a reply
+  /// failed as malformed, a control message skipped).
+  bool oversized = false;
   std::vector<char> payload;
 };
 

@@ -181,12 +181,21 @@ struct ring_link {
   void complete(std::uint64_t id, std::uint16_t arg, std::vector<char> payload) {
     if (auto done = take(id)) (*done)(decode_reply(arg, std::move(payload)));
   }
+  /// Completes the call a ring's reply names; a reply whose slot claimed
+  /// more bytes than it holds fails its call.
+  void complete(wire::ring_message& m) {
+    if (!m.oversized) return complete(m.id, m.op, std::move(m.payload));
+    if (auto done = take(m.id))
+      (*done)(make_error(errc::library,
+                         "the worker's reply claimed more bytes than its ring slot "
+                         "holds (the shared region was written over)"));
+  }
 
   /// Completes every reply already in the rings.
   void drain() {
     wire::ring_message m;
     for (std::size_t i = 0; i < v.rings; ++i)
-      while (v.replies[i].pop(m)) complete(m.id, m.op, std::move(m.payload));
+      while (v.replies[i].pop(m)) complete(m);
   }
 
   /// Ends the incarnation: no call is added any more; the waiting ones are returned.
@@ -401,7 +410,7 @@ struct worker_supervisor::impl : std::enable_shared_from_this<impl> {
     for (std::size_t i = 0; i < l.v.rings; ++i)
       while (l.v.replies[i].pop(m)) {
         ++n;
-        l.complete(m.id, m.op, std::move(m.payload));
+        l.complete(m);
       }
     return n;
   }

@@ -654,7 +654,13 @@ private:
   /// A request of ring `ring`, answered through its reply ring (the socket
   /// when the answer does not fit a slot or the ring is full).
   asio::awaitable<void> ring_call(std::size_t ring, wire::ring_message m) {
-    const auto r = co_await answer_of(static_cast<wire::op_code>(m.op), m.payload);
+    result<std::string> r = std::string();
+    if (m.oversized)
+      r = cu::make_error(errc::invalid_argument,
+                         "worker: a request's ring slot claimed more bytes than it holds (the "
+                         "shared region was written over)");
+    else
+      r = co_await answer_of(static_cast<wire::op_code>(m.op), m.payload);
     const std::string answer = r ? r.value() : error_payload(r.error());
     const std::uint16_t arg = r ? 0 : 1;
     if (rings_.replies[ring].push(m.id, arg, 0, answer))
@@ -828,8 +834,12 @@ private:
     std::lock_guard lk(control_mu_);
     wire::ring_message m;
     while (rings_.control.pop(m)) {
-      if (m.op == static_cast<std::uint16_t>(wire::kind::call) &&
-          m.arg == static_cast<std::uint16_t>(wire::op_code::alloc))
+      if (m.oversized)
+        std::fprintf(stderr,
+                     "atomr-cuda-worker: a control message claimed more bytes than its "
+                     "slot holds; ignored\n");
+      else if (m.op == static_cast<std::uint16_t>(wire::kind::call) &&
+               m.arg == static_cast<std::uint16_t>(wire::op_code::alloc))
         alloc(m.payload);
       else if (m.op == static_cast<std::uint16_t>(wire::kind::release))
         release(m.arg, m.payload);
