@@ -254,7 +254,12 @@ asio::awaitable<result<std::tuple<detail::step_value_t<T>...>>> compose(
                          "compose: a unit cannot be a step of another unit (pass its steps to "
                          "the outer one)");
   detail::unit_recorder rec;
-  rec.stages.reserve(sizeof...(T));  // a stage per step, as most steps make
+  // A stage per step, as most steps make; on an isolated device a request
+  // per step instead (the worker makes the stages).
+  if (dev.isolated())
+    rec.remote_requests.reserve(sizeof...(T));
+  else
+    rec.stages.reserve(sizeof...(T));
   const detail::unit_executor ex(std::move(outer), &rec);
   std::tuple<std::optional<result<T>>...> got;
   auto finish = [how](detail::unit_recorder& r, std::optional<gpu_error> failed) {
