@@ -9,13 +9,23 @@
 # (bench/tools/sampler.cpp, symbolised there). Everything goes into one
 # archive, $OUT/extra.tgz (the device tool brings back only a few files);
 # the summary lines go to stdout.
-# Make REVERTED_WORKER here: git worktree add /tmp/rv HEAD; cd /tmp/rv;
-# git revert --no-commit ee5b5db (resolve by taking the parent's side), copy
-# lib/worker/worker_main.cpp into the tree (untracked, not ignored).
+# Without REVERTED_WORKER, one is made from the tree's worker_main.cpp and
+# scripts/patches/ee5b5db-reverted-worker.patch (ee5b5db's worker change
+# taken out of the current source; needs `patch`); REVERT=0 skips it.
 set -u
 b=${BUILD:-build-gpu}
 w=$(mktemp -d)
+pf=scripts/patches/ee5b5db-reverted-worker.patch
 tc='--test-case=isolated: a fault request right after the worker starts*'
+if [ -z "${REVERTED_WORKER:-}" ] && [ "${REVERT:-1}" != 0 ]; then
+  if ! command -v patch >/dev/null; then
+    echo "no reverted worker: \`patch\` is not installed here"
+  elif patch -s -o "$w/reverted.cpp" lib/worker/worker_main.cpp "$pf" >"$w/rv-patch.log" 2>&1; then
+    REVERTED_WORKER="$w/reverted.cpp"
+  else
+    echo "no reverted worker: $pf does not apply to this tree"; cat "$w/rv-patch.log"
+  fi
+fi
 echo "== the isolated test for ee5b5db"
 timeout 120 "$b/test/atomr_isolated_tests" "$tc" >"$w/iso-fixed.log" 2>&1
 echo "rc=$?"; tail -3 "$w/iso-fixed.log"
