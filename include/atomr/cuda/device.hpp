@@ -117,8 +117,8 @@ struct device_options {
 };
 
 /// invalid_argument naming the first option out of its documented range
-/// (default_completion, launch_threads, busy_poll_interval, launch_spin); no CUDA call. Opening a
-/// device checks its options with this first.
+/// (default_completion, launch_threads, busy_poll_interval, launch_spin and the
+/// isolation options); no CUDA call. Opening a device checks its options with this first.
 result<void> check_device_options(const device_options& o);
 
 /// The device's health. In process it moves only forward: healthy ->

@@ -191,7 +191,8 @@ bool same_device(const stream& a, const stream& b) noexcept;
 /// unit's previous step when that is on `own`'s device, so the two steps
 /// share one run and need no cross-stream wait (docs/design.md, "A unit's
 /// workspace-free steps follow its previous step"); else `own`, the lane's.
-/// The lane's handle is pointed at it for the call (lane_hold).
+/// The lane's handle is pointed at it for the call (lane_hold); a cuDNN
+/// lane's stays there until an operation on its own stream comes.
 inline stream unit_step_stream(const unit_recorder* unit, const stream& own) {
   if (!unit || unit->capture || unit->stages.empty()) return own;
   const stream& prev = unit->stages.back().on;
