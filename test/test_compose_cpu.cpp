@@ -1,5 +1,6 @@
 // compose() without a GPU: the unit's executor reaches only its own step's
 // coroutines, and a unit that cannot start starts none of its steps.
+#include "../lib/device_impl.hpp"
 #include "io_fixture.hpp"
 
 #include <atomr/cuda.hpp>
@@ -68,17 +69,18 @@ TEST_CASE_FIXTURE(io_fixture, "compose: a device that does not accept work start
   REQUIRE_FALSE(r);
   CHECK(r.error().code() == errc::invalid_argument);
   CHECK_FALSE(started);
+  // A device that accepts work (a state marked healthy by hand, no CUDA
+  // call) and a completion strategy out of range: refused before any step.
+  auto impl = std::make_shared<detail::device_impl>(ioc.get_executor(), 4242, device_options{});
+  impl->health.store(health_state::healthy);
+  REQUIRE(device(impl).status());
   completion bad;
   bad.kind = static_cast<strategy>(9);
-  auto d = device::open(ioc.get_executor(), 0);  // no GPU here: device_unavailable
-  if (d) {
-    auto r2 = run(compose(d.value(), bad, flagging_step(&started)));
-    REQUIRE_FALSE(r2);
-    CHECK(r2.error().code() == errc::invalid_argument);
-    CHECK_FALSE(started);
-  } else {
-    CHECK(d.error().code() == errc::device_unavailable);
-  }
+  auto r2 = run(compose(device(impl), bad, flagging_step(&started)));
+  REQUIRE_FALSE(r2);
+  CHECK(r2.error().code() == errc::invalid_argument);
+  CHECK_FALSE(started);
+  impl->poison(make_error(errc::context_poisoned, "test teardown"));  // no CUDA at teardown
 }
 
 TEST_CASE_FIXTURE(io_fixture, "compose through a completion token (use_future, a callback)") {

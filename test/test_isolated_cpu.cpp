@@ -30,6 +30,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <string_view>
 #include <tuple>
 #include <vector>
 
@@ -139,11 +140,13 @@ TEST_CASE_FIXTURE(iso_fixture, "isolated device: options out of range are refuse
   o.isolation.heartbeat_timeout = o.isolation.heartbeat;
   d = device::open(ioc.get_executor(), 0, o);
   REQUIRE_FALSE(d);
+  CHECK(d.error().code() == errc::invalid_argument);
   CHECK(d.error().message().find("heartbeat_timeout") != std::string::npos);
   o = options();
   o.isolation.hang_margin = 0ms;
   d = device::open(ioc.get_executor(), 0, o);
   REQUIRE_FALSE(d);
+  CHECK(d.error().code() == errc::invalid_argument);
   CHECK(d.error().message().find("hang_margin") != std::string::npos);
   for (auto spin : {std::chrono::microseconds(-1), std::chrono::microseconds(10001)}) {
     o = options();
@@ -213,6 +216,38 @@ TEST_CASE_FIXTURE(iso_fixture,
     auto pl = run(dnn.value().pooling_forward(tensor_shape{1, 1, 8, 8}, pool, x, y));
     REQUIRE_FALSE(pl);
     CHECK(pl.error().code() == errc::invalid_argument);
+    {
+      // Every cuDNN operation's per-call checks, each naming its argument
+      // right after the operation's name, as on the GPU
+      // (test_gpu_cudnn.cpp): nothing reaches the worker.
+      auto& d = dnn.value();
+      auto bad = [](const auto& r, std::string_view arg) {
+        REQUIRE_FALSE(r);
+        CHECK(r.error().code() == errc::invalid_argument);
+        const auto& m = r.error().message();
+        CAPTURE(m);
+        const auto at = m.find(": ");
+        REQUIRE(at != std::string::npos);
+        CHECK(m.compare(at + 2, arg.size() + 1, std::string(arg) + " ") == 0);
+      };
+      auto buf = [&](std::size_t n) { return dev.allocate<float>(n).value(); };
+      const tensor_shape xs{1, 2, 4, 4};
+      const conv2d_params cp{.out_channels = 2, .filter_h = 3, .filter_w = 3};
+      auto cx = buf(32), cf = buf(36), cy = buf(8), c2 = buf(2);
+      bad(run(d.conv2d_forward(xs, cp, cx, cf, {}, buf(9))), "y");
+      bad(run(d.conv2d_forward(xs, cp, cx, buf(35), {}, cy)), "filter");
+      bad(run(d.conv2d_forward(xs, cp, cx, cf, buf(3), cy)), "bias");
+      bad(run(d.conv2d_forward(xs, {.out_channels = 3, .groups = 2}, cx, cf, {}, cy)),
+          "params.groups");
+      bad(run(d.conv2d_forward(xs, cp, cx, cf, {}, cx.subspan(0, 8).value())), "y");
+      bad(run(d.activation_forward(xs, {activation_mode::elu, 0}, cx, buf(32))), "params.coef");
+      bad(run(d.softmax_forward(xs, softmax_algorithm::accurate, cx, buf(31))), "y");
+      bad(run(d.pooling_forward(xs, {.window_h = 5}, cx, buf(8))), "params.window_h");
+      bad(run(d.batchnorm_inference(xs, 0.0, cx, c2, c2, c2, c2, buf(32))), "epsilon");
+      bad(run(d.batchnorm_inference(xs, 1e-5, cx, c2, buf(3), c2, c2, buf(32))), "bias");
+      bad(run(d.batchnorm_inference(xs, 1e-5, cx, c2, c2, c2, gpu_ref<float>{}, buf(32))), "var");
+      CHECK(dev.statistics().worker_calls_pending == 0);
+    }
 #endif
 #if ATOMR_CUDA_HAS_CUFFT
     auto fft = fft_actor::create(dev);
