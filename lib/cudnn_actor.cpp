@@ -13,8 +13,8 @@
 
 #include <algorithm>
 #include <array>
-#include <cassert>
 #include <bit>
+#include <cassert>
 #include <climits>
 #include <cmath>
 #include <initializer_list>

@@ -54,7 +54,9 @@ if [ "${PROFILE:-1}" = 1 ]; then
   echo "== profile: composed, 16 in flight"
   mkdir -p "$w/bins"
   g++ -O2 -shared -fPIC -o "$w/sampler.so" bench/tools/sampler.cpp -ldl &&
-    cp -L "$b"/libatomr-accel-cuda.so* "$b/bench/atomr-bench-pipeline" "$w/bins/"
+    for f in "$b"/libatomr-accel-cuda.so* "$b/bench/atomr-bench-pipeline"; do
+      [ -d "$f" ] || cp -L "$f" "$w/bins/"  # (not the .so.p object folder)
+    done
   timeout 60 env SAMPLER_OUT="$w/pipe-samples.txt" LD_PRELOAD="$w/sampler.so" \
     "$b/bench/atomr-bench-pipeline" --variants composed --in-flight 16 --seconds 2 >"$w/prof.log" 2>&1
   echo "rc=$?"; tail -3 "$w/prof.log"
