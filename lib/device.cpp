@@ -167,6 +167,7 @@ void device_impl::init() {
   };
   if (auto st = cudaSetDevice(ordinal); st != cudaSuccess) return fail(st, "cudaSetDevice");
   cuda_initialised.store(true);
+  only_device = n == 1;
   cudaMemPoolProps props{};
   props.allocType = cudaMemAllocationTypePinned;
   props.handleTypes = cudaMemHandleTypeNone;
@@ -432,6 +433,9 @@ gpu_error device_impl::blame_fault(gpu_error e) {
 }
 
 cudaError_t device_impl::make_current() const noexcept {
+  // One device: no thread can have another one current (cudaSetDevice
+  // accepts only ordinal 0), so the per-launch cudaGetDevice is saved.
+  if (only_device) return cudaSuccess;
   int cur = -1;
   if (cudaGetDevice(&cur) == cudaSuccess && cur == ordinal) return cudaSuccess;
   return cudaSetDevice(ordinal);

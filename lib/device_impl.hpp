@@ -169,6 +169,10 @@ public:
   const asio::any_completion_executor completion_executor;
   const int ordinal;
   const device_options options;
+  /// Set by init() (before the device is healthy, so before any other thread
+  /// uses it) when this process sees one CUDA device: the current device of
+  /// every thread is then this one, and make_current() asks nothing.
+  bool only_device = false;
 
   // Read by every check of every operation: on a cache line of their own, so
   // that the counters below (written by every operation, from every io
