@@ -14,7 +14,8 @@
 #   4. 1 and 2 (raw bodies) again with T2 io threads for both the service and
 #      the library (default 8; T2=0 leaves it out) -> service_raw_t8.json,
 #      service_pipeline_t8.json (named t8 whatever T2 is).
-# scripts/bench-summary.py puts them under "service" in summary.json.
+# scripts/bench-summary.py puts them under "service" in summary.json; all of
+# them are also packed into OUT_DIR/service-json.tgz.
 # Usage: bench-service.sh BUILD_DIR OUT_DIR   (N, T, SECONDS_PER_RUN and LOAD_T,
 # atomr-load's io threads, from the environment: defaults 64, 4, 10 and 8; at 2
 # load threads the load generator was the limit on the H200 in session 24).
@@ -89,4 +90,7 @@ if [ "$threads2" != 0 ]; then
   "$build/bench/atomr-bench-pipeline" --variants serve_gemm --n "$n" --in-flight 64 \
     --timeout-ms 10000 --threads "$threads2" --seconds "$seconds" --json "$out/service_pipeline_t8.json" || rc=$?
 fi
+# The JSON files in one archive too: the device tool brings back only a few
+# files of a call (session 44 lost the six JSON files of its run).
+(cd "$out" && tar czf service-json.tgz ./service_*.json 2>/dev/null)
 exit "$rc"
