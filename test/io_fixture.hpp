@@ -5,6 +5,7 @@
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/io_context.hpp>
 
+#include <cuda_runtime_api.h>
 #include <signal.h>
 
 #include <cerrno>
@@ -18,6 +19,15 @@
 namespace atomr::cuda::test {
 
 namespace asio = boost::asio;
+
+/// An ordinal no device has: past the GPUs where there are some, else 0
+/// (opening it leaves the device unavailable, with no CUDA error left set).
+inline int unusable_ordinal() {
+  int n = 0;
+  const auto st = cudaGetDeviceCount(&n);
+  cudaGetLastError();
+  return st == cudaSuccess && n > 0 ? 1000 : 0;
+}
 
 struct io_fixture {
   asio::io_context ioc;

@@ -12,6 +12,7 @@
 
 using namespace atomr::cuda;
 using atomr::cuda::test::io_fixture;
+using atomr::cuda::test::unusable_ordinal;
 
 namespace {
 
@@ -22,11 +23,6 @@ void check_bad(const result<T>& r, const std::string& op, const std::string& arg
   const auto& m = r.error().message();
   CAPTURE(m);
   CHECK(m.find(op + ": " + arg + " ") != std::string::npos);
-}
-
-int unusable_ordinal() {
-  int n = 0;
-  return cudaGetDeviceCount(&n) == cudaSuccess && n > 0 ? 1000 : 0;
 }
 
 constexpr std::int64_t big = std::int64_t{INT_MAX} + 1;

@@ -19,6 +19,7 @@
 
 using namespace atomr::cuda;
 using atomr::cuda::test::io_fixture;
+using atomr::cuda::test::unusable_ordinal;
 
 namespace {
 
@@ -31,11 +32,6 @@ void check_bad(const R& r, std::string_view op, std::string_view arg) {
   CAPTURE(m);
   // The argument named right after the operation, not anywhere in the text.
   CHECK(m.rfind(std::string(op) + ": " + std::string(arg) + " ", 0) == 0);
-}
-
-int unusable_ordinal() {
-  int n = 0;
-  return cudaGetDeviceCount(&n) == cudaSuccess && n > 0 ? 1000 : 0;
 }
 
 constexpr auto conv_op = "cudnn_actor::conv2d_forward";

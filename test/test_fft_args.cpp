@@ -18,6 +18,7 @@
 
 using namespace atomr::cuda;
 using atomr::cuda::test::io_fixture;
+using atomr::cuda::test::unusable_ordinal;
 using detail::fft_kind;
 
 namespace {
@@ -57,11 +58,6 @@ struct fake_device : io_fixture {
     return ref<T>(n, impl);
   }
 };
-
-int unusable_ordinal() {
-  int n = 0;
-  return cudaGetDeviceCount(&n) == cudaSuccess && n > 0 ? 1000 : 0;
-}
 
 }  // namespace
 

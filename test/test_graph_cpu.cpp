@@ -6,7 +6,6 @@
 #include <atomr/cuda/detail/lru.hpp>
 
 #include <boost/asio/use_future.hpp>
-#include <cuda_runtime_api.h>
 #include <doctest/doctest.h>
 
 #include <string>
@@ -15,12 +14,6 @@ using namespace atomr::cuda;
 using namespace atomr::cuda::test;
 
 namespace {
-/// An ordinal no device has: past the GPUs where there are some.
-int unusable_ordinal() {
-  int n = 0;
-  return cudaGetDeviceCount(&n) == cudaSuccess && n > 0 ? 1000 : 0;
-}
-
 asio::awaitable<result<int>> flagging_step(bool* started) {
   *started = true;
   co_return 1;

@@ -22,16 +22,12 @@
 
 using namespace atomr::cuda;
 using atomr::cuda::test::io_fixture;
+using atomr::cuda::test::unusable_ordinal;
 using detail::lane_policy;
 using detail::max_lanes_limit;
 using detail::resolve_lanes;
 
 namespace {
-
-int unusable_ordinal() {
-  int n = 0;
-  return cudaGetDeviceCount(&n) == cudaSuccess && n > 0 ? 1000 : 0;
-}
 
 // The error is invalid_argument and its message names `op` and max_lanes.
 template <class R>

@@ -13,6 +13,7 @@
 
 using namespace atomr::cuda;
 using atomr::cuda::test::io_fixture;
+using atomr::cuda::test::unusable_ordinal;
 
 namespace {
 
@@ -31,13 +32,6 @@ void check_bad(const result<void>& r, const std::string& what) {
   CHECK(r.error().code() == errc::invalid_argument);
   CAPTURE(r.error().message());
   CHECK(r.error().message().find(what) != std::string::npos);
-}
-
-int unusable_ordinal() {
-  int n = 0;
-  auto st = cudaGetDeviceCount(&n);
-  cudaGetLastError();
-  return st == cudaSuccess && n > 0 ? 1000 : 0;
 }
 
 }  // namespace

@@ -120,6 +120,13 @@ struct serve_fixture {
     REQUIRE_MESSAGE(!err, (err ? *err : ""));
     for (int i = 0; i < 2; ++i) threads.emplace_back([this] { ioc.run(); });
   }
+  /// True (with a SKIP line) when ATOMR_SERVE_DEVICE names a device: the
+  /// cases about a missing device then have nothing to check.
+  bool device_named() const {
+    if (o.device == 99) return false;
+    MESSAGE("SKIP: ATOMR_SERVE_DEVICE names a device; this case is about a missing one");
+    return true;
+  }
   ~serve_fixture() {
     svc->stop();
     for (auto& t : threads) t.join();  // returns once the service let go of everything
@@ -131,10 +138,7 @@ struct serve_fixture {
 TEST_CASE_FIXTURE(serve_fixture,
                   "atomr-serve without its GPU: /health says why (503), GPU requests get 503 "
                   "device_unavailable, /metrics counts them") {
-  if (o.device != 99) {  // about a missing device
-    MESSAGE("SKIP: ATOMR_SERVE_DEVICE names a device; this case is about a missing one");
-    return;
-  }
+  if (device_named()) return;  // about a missing device
   client c(svc->port());
   auto h = c.send(http::verb::get, "/health");
   CHECK(h.result_int() == 503);
@@ -392,10 +396,7 @@ TEST_CASE_FIXTURE(serve_fixture,
                   "atomr-serve under churn: 8 client threads open, use, abandon and reset "
                   "connections at random; every answer as specified, then no connection or "
                   "descriptor left and the service still answers") {
-  if (o.device != 99) {  // the answers below are those of a missing device
-    MESSAGE("SKIP: ATOMR_SERVE_DEVICE names a device; this case is about a missing one");
-    return;
-  }
+  if (device_named()) return;  // the answers below are those of a missing device
   constexpr int threads = 8, per_thread = 300;
   // A raw gemm 8 x 8 x 8 (512 bytes of body, under the fixture's 4096 limit).
   const std::string gemm_raw(2 * 8 * 8 * sizeof(float), '\0');
@@ -1053,10 +1054,7 @@ TEST_CASE_FIXTURE(serve_fixture,
                   "atomr-serve fuzzed over loopback: random request bodies, X-Shape headers, "
                   "content types, targets and methods each get a documented status and a "
                   "message; keep-alive holds; the counts add up") {
-  if (o.device != 99) {  // the answers below are those of a missing device
-    MESSAGE("SKIP: ATOMR_SERVE_DEVICE names a device; this case is about a missing one");
-    return;
-  }
+  if (device_named()) return;  // the answers below are those of a missing device
   constexpr int threads = 4, per_thread = 120;
   std::mutex mu;
   std::vector<std::string> wrong;

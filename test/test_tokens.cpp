@@ -47,6 +47,7 @@
 
 using namespace atomr::cuda;
 using atomr::cuda::test::io_fixture;
+using atomr::cuda::test::unusable_ordinal;
 namespace asio = boost::asio;
 using namespace std::chrono_literals;
 
@@ -281,11 +282,6 @@ static_assert(cudnn_takes<asio::use_awaitable_t<>>);
 // ---- Run time ----
 
 // Ordinal 0 where there is no GPU (the real case), else one that cannot exist.
-int unusable_ordinal() {
-  int n = 0;
-  return cudaGetDeviceCount(&n) == cudaSuccess && n > 0 ? 1000 : 0;
-}
-
 errc code_of(const auto& r) {
   return r ? errc::ok : r.error().code();
 }

@@ -14,15 +14,11 @@
 
 using namespace atomr::cuda;
 using atomr::cuda::test::io_fixture;
+using atomr::cuda::test::unusable_ordinal;
 namespace asio = boost::asio;
 
 namespace {
 // ordinal 0 where there is no GPU (the real case), else one that cannot exist.
-int unusable_ordinal() {
-  int n = 0;
-  return cudaGetDeviceCount(&n) == cudaSuccess && n > 0 ? 1000 : 0;
-}
-
 std::string cuda_reason() {
   int n = 0;
   auto st = cudaGetDeviceCount(&n);
